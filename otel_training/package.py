@@ -1,0 +1,5 @@
+"""The library this instrumentation instruments (matches the ``instruments`` extra)."""
+
+_instruments = ("torch >= 2.1",)
+
+_supports_metrics = True
