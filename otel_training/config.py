@@ -1,0 +1,149 @@
+"""Parse the ``OTEL_TRAINING_*`` environment variables into one immutable Config.
+
+A malformed value raises :class:`ConfigError`, whose message is one line naming
+the variable and the accepted values; entry points print it and stop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Callable, Mapping, Optional
+
+from otel_training import environment_variables as ev
+
+
+class ConfigError(ValueError):
+    """A configuration variable holds a value we do not accept."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not valid: use true or false")
+
+
+def _number(minimum: float, *, exclusive: bool = False, zero_ok: bool = False):
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        ok = value == value and value not in (float("inf"), float("-inf"))
+        ok = ok and (value > minimum if exclusive else value >= minimum)
+        if zero_ok and value == 0:
+            ok = True
+        if not ok:
+            bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
+            extra = " or 0 to turn it off" if zero_ok else ""
+            raise ConfigError(f"{name}={raw!r} is not valid: use a number {bound}{extra}")
+        return value
+
+    return parse
+
+
+def _whole(minimum: int):
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise ConfigError(f"{name}={raw!r} is not valid: use a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def _choice(*choices: str):
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ConfigError(f"{name}={raw!r} is not valid: use one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _path(name: str, raw: str) -> Optional[str]:
+    value = raw.strip()
+    if not value:
+        return None
+    if "\0" in value:
+        raise ConfigError(f"{name}={raw!r} is not valid: use a file path")
+    return value
+
+
+_INTEGRATIONS = ("lightning", "transformers")
+
+
+def _integrations(name: str, raw: str) -> tuple:
+    items = [p.strip().lower() for p in raw.split(",") if p.strip()]
+    if items in (["all"], []):
+        return _INTEGRATIONS
+    if items == ["none"]:
+        return ()
+    bad = [i for i in items if i not in _INTEGRATIONS]
+    if bad:
+        raise ConfigError(
+            f"{name}={raw!r} is not valid: use a comma-separated list of "
+            f"{', '.join(_INTEGRATIONS)}, or all, or none"
+        )
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class Config:
+    enabled: bool = True
+    trace_slow_factor: float = 2.0
+    trace_every_n: int = 100
+    trace_max_per_second: float = 20.0
+    gpu_timing: str = "auto"
+    summary: bool = False
+    summary_file: Optional[str] = None
+    hardware: bool = True
+    hardware_interval: float = 1.0
+    shutdown_timeout: float = 2.0
+    integrations: tuple = _INTEGRATIONS
+
+
+# field name -> (variable, parser)
+_SPEC: Mapping[str, tuple] = {
+    "enabled": (ev.OTEL_TRAINING_ENABLED, _bool),
+    "trace_slow_factor": (ev.OTEL_TRAINING_TRACE_SLOW_FACTOR, _number(1.0, zero_ok=True)),
+    "trace_every_n": (ev.OTEL_TRAINING_TRACE_EVERY_N, _whole(0)),
+    "trace_max_per_second": (ev.OTEL_TRAINING_TRACE_MAX_PER_SECOND, _number(0.0, exclusive=True)),
+    "gpu_timing": (ev.OTEL_TRAINING_GPU_TIMING, _choice("auto", "events", "sync", "off")),
+    "summary": (ev.OTEL_TRAINING_SUMMARY, _bool),
+    "summary_file": (ev.OTEL_TRAINING_SUMMARY_FILE, _path),
+    "hardware": (ev.OTEL_TRAINING_HARDWARE, _bool),
+    "hardware_interval": (ev.OTEL_TRAINING_HARDWARE_INTERVAL, _number(0.0, exclusive=True)),
+    "shutdown_timeout": (ev.OTEL_TRAINING_SHUTDOWN_TIMEOUT, _number(0.0, exclusive=True)),
+    "integrations": (ev.OTEL_TRAINING_INTEGRATIONS, _integrations),
+}
+
+assert set(_SPEC) == {f.name for f in fields(Config)}
+
+
+def variables() -> list:
+    """All variable names, in declaration order."""
+    return [var for var, _ in _SPEC.values()]
+
+
+def load_config(environ: Optional[Mapping[str, str]] = None) -> Config:
+    """Read the configuration; raises ConfigError on the first malformed value."""
+    env = os.environ if environ is None else environ
+    values = {}
+    for field_name, (var, parse) in _SPEC.items():
+        raw = env.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        values[field_name] = parse(var, raw)
+    return Config(**values)

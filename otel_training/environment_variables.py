@@ -1,0 +1,97 @@
+"""Every environment variable otel-training reads (the only way to configure it).
+
+Each constant's docstring is the documentation; ``otel_training.config`` parses
+them and README.md lists them. Malformed values stop the run with one line that
+names the variable and what it accepts.
+"""
+
+OTEL_TRAINING_ENABLED = "OTEL_TRAINING_ENABLED"
+"""
+.. envvar:: OTEL_TRAINING_ENABLED
+
+``true`` (default) or ``false``. ``false`` installs no hook at all.
+"""
+
+OTEL_TRAINING_TRACE_SLOW_FACTOR = "OTEL_TRAINING_TRACE_SLOW_FACTOR"
+"""
+.. envvar:: OTEL_TRAINING_TRACE_SLOW_FACTOR
+
+Tail capture: a step slower than this factor times the running median step
+duration is traced. A number >= 1; ``0`` turns slow-step capture off. Default ``2``.
+"""
+
+OTEL_TRAINING_TRACE_EVERY_N = "OTEL_TRAINING_TRACE_EVERY_N"
+"""
+.. envvar:: OTEL_TRAINING_TRACE_EVERY_N
+
+Also trace one step in N (the first step, then every N-th). A whole number >= 0;
+``0`` turns it off, ``1`` traces every step. Default ``100``.
+"""
+
+OTEL_TRAINING_TRACE_MAX_PER_SECOND = "OTEL_TRAINING_TRACE_MAX_PER_SECOND"
+"""
+.. envvar:: OTEL_TRAINING_TRACE_MAX_PER_SECOND
+
+Upper bound on traced steps per second (a token bucket), so that a burst of slow
+steps cannot overflow the SDK's span queue. A number > 0. Default ``20``.
+"""
+
+OTEL_TRAINING_GPU_TIMING = "OTEL_TRAINING_GPU_TIMING"
+"""
+.. envvar:: OTEL_TRAINING_GPU_TIMING
+
+How phase boundaries are timed on CUDA: ``events`` (CUDA events observed off the
+training thread), ``sync`` (``torch.cuda.synchronize()`` at each boundary: exact but
+perturbing), ``off`` (host clocks only) or ``auto`` (default: ``events`` when CUDA is
+in use, else ``off``).
+"""
+
+OTEL_TRAINING_SUMMARY = "OTEL_TRAINING_SUMMARY"
+"""
+.. envvar:: OTEL_TRAINING_SUMMARY
+
+``true`` prints the run-end breakdown table (per-phase mean, total and share of
+step time, untracked time, verdict) to standard error at exit. Default ``false``.
+"""
+
+OTEL_TRAINING_SUMMARY_FILE = "OTEL_TRAINING_SUMMARY_FILE"
+"""
+.. envvar:: OTEL_TRAINING_SUMMARY_FILE
+
+A path: the run-end summary is also written there as JSON (read by
+``otel-training report --summary``). Unset by default. ``{rank}`` and ``{pid}`` in the
+path are replaced, so ranks do not overwrite each other.
+"""
+
+OTEL_TRAINING_HARDWARE = "OTEL_TRAINING_HARDWARE"
+"""
+.. envvar:: OTEL_TRAINING_HARDWARE
+
+``true`` (default) samples host and GPU hardware into observable gauges;
+``false`` turns the sampler off.
+"""
+
+OTEL_TRAINING_HARDWARE_INTERVAL = "OTEL_TRAINING_HARDWARE_INTERVAL"
+"""
+.. envvar:: OTEL_TRAINING_HARDWARE_INTERVAL
+
+Seconds between hardware samples (independent of the metric export interval); a
+number > 0. Gauges report the average of the samples taken during each export
+interval. Default ``1``.
+"""
+
+OTEL_TRAINING_SHUTDOWN_TIMEOUT = "OTEL_TRAINING_SHUTDOWN_TIMEOUT"
+"""
+.. envvar:: OTEL_TRAINING_SHUTDOWN_TIMEOUT
+
+Seconds the process may spend at exit flushing telemetry (a number > 0, default
+``2``), so that an unreachable Collector never holds a finished job.
+"""
+
+OTEL_TRAINING_INTEGRATIONS = "OTEL_TRAINING_INTEGRATIONS"
+"""
+.. envvar:: OTEL_TRAINING_INTEGRATIONS
+
+Comma-separated framework integrations to enable when the framework is installed:
+any of ``lightning``, ``transformers``, or ``all`` (default) / ``none``.
+"""

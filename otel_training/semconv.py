@@ -1,0 +1,65 @@
+"""Names of every span, metric and attribute otel-training emits.
+
+docs/telemetry.md is the contract that documents them (with units, instruments
+and Prometheus 3 names); tests check that the two agree.
+"""
+
+SCOPE = "otel_training"
+
+# --- spans -------------------------------------------------------------------
+SPAN_STEP = "step"
+PHASE_DATALOADER_NEXT = "dataloader_next"
+PHASE_TO_DEVICE = "to_device"
+PHASE_TRAIN_BATCH = "train_batch"
+PHASE_EVAL_BATCH = "eval_batch"
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASE_OPTIMIZER_STEP = "optimizer_step"
+PHASE_LR_SCHEDULERS = "step_lr_schedulers"
+PHASE_FROM_DEVICE = "from_device"
+PHASE_REDUCE_METRICS = "reduce_metrics"
+PHASE_UNTRACKED = "untracked"  # metric only: step time outside every phase
+
+BATCH_CHILDREN = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER_STEP)
+
+# --- attributes --------------------------------------------------------------
+ATTR_HOST_NAME = "host.name"
+ATTR_MODE = "training.mode"  # "train" | "eval"
+ATTR_PHASE = "training.phase"
+ATTR_PHASE_PARENT = "training.phase.parent"  # "step" for top-level phases
+ATTR_STEP = "training.step"
+ATTR_EPOCH = "training.epoch"
+ATTR_BATCH_SIZE = "training.batch_size"
+ATTR_RANK = "training.rank"
+ATTR_LOCAL_RANK = "training.local_rank"
+ATTR_WORLD_SIZE = "training.world_size"
+ATTR_RUN_ID = "training.run.id"  # resource attribute
+ATTR_UNTRACKED = "training.untracked.duration"
+ATTR_HOST_DURATION = "training.phase.host_duration"
+ATTR_DEVICE_DURATION = "training.phase.device_duration"
+ATTR_GPU_IDLE = "training.gpu.idle_duration"
+ATTR_TIMING = "training.timing"  # "events" | "sync" | "off"
+ATTR_TRACE_REASON = "training.trace.reason"  # "slow" | "sampled" | "error" | "first"
+ATTR_COMPONENT = "training.telemetry.component"
+
+MODE_TRAIN = "train"
+MODE_EVAL = "eval"
+
+# --- training metrics ----------------------------------------------------------
+METRIC_STEP_DURATION = "training.step.duration"
+METRIC_PHASE_DURATION = "training.phase.duration"
+METRIC_STEPS = "training.steps"
+METRIC_SAMPLES = "training.samples"
+METRIC_GPU_IDLE = "training.gpu.idle"
+
+# --- self-telemetry --------------------------------------------------------------
+METRIC_SPANS_DROPPED = "training.telemetry.spans.dropped"
+METRIC_STEPS_DROPPED = "training.telemetry.steps.dropped"
+METRIC_EXPORT_FAILURES = "training.telemetry.export.failures"
+METRIC_INTERNAL_ERRORS = "training.telemetry.errors"
+
+# Histogram buckets (seconds): sub-millisecond to minutes.
+DURATION_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
