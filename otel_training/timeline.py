@@ -1,0 +1,70 @@
+"""The per-step timeline: what the training thread records, cheaply.
+
+A step is a list of *marks* (host timestamps, each with an optional device token
+from the DeviceTimer) and a list of phases that start and end at marks. Nothing
+here talks to OpenTelemetry: the pipeline turns finished timelines into spans and
+metrics off the training thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from otel_training import semconv as sc
+
+
+class PhaseRecord:
+    """One phase occurrence: indices into its step's marks."""
+
+    __slots__ = ("name", "parent", "start", "end", "auto")
+
+    def __init__(self, name: str, parent: str, start: int, auto: bool):
+        self.name = name
+        self.parent = parent  # "step" for top-level phases
+        self.start = start
+        self.end = -1  # -1 while open
+        self.auto = auto  # recorded by a hook (not by the user's phase())
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"PhaseRecord({self.name!r}, parent={self.parent!r}, {self.start}->{self.end})"
+
+
+class StepTimeline:
+    """Everything recorded about one step, in host-clock nanoseconds."""
+
+    __slots__ = (
+        "index", "epoch", "batch_size", "marks", "tokens", "phases",
+        "saw_backward", "saw_optimizer", "saw_forward", "grad_enabled",
+        "error", "source", "extra",
+    )
+
+    def __init__(self, index: int, epoch: Optional[int], source: Any = None):
+        self.index = index
+        self.epoch = epoch
+        self.batch_size: Optional[int] = None
+        self.marks: List[int] = []  # perf_counter_ns on the training thread
+        self.tokens: List[Any] = []  # DeviceTimer tokens, parallel to marks
+        self.phases: List[PhaseRecord] = []
+        self.saw_backward = False
+        self.saw_optimizer = False
+        self.saw_forward = False
+        self.grad_enabled = True
+        self.error: Optional[BaseException] = None
+        self.source = source  # the DataLoader iterator that started it, or None
+        self.extra: Optional[dict] = None  # user/integration attributes
+
+    @property
+    def mode(self) -> str:
+        return sc.MODE_TRAIN if (self.saw_backward or self.saw_optimizer) else sc.MODE_EVAL
+
+    @property
+    def start_ns(self) -> int:
+        return self.marks[0]
+
+    @property
+    def end_ns(self) -> int:
+        return self.marks[-1]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.marks[-1] - self.marks[0]
