@@ -25,11 +25,14 @@ def synchronized_marks(host: Sequence[int], device: Optional[Sequence[Optional[i
     return out
 
 
-def idle_between(host: Sequence[int], synced: Sequence[int], start: int, end: int) -> int:
+def idle_between(host: Sequence[int], device: Optional[Sequence[Optional[int]]], start: int, end: int) -> int:
     """Nanoseconds the device certainly sat idle while the host went from mark
     ``start`` to mark ``end``: from when all work issued before ``end`` had
-    completed until the host reached ``end``."""
-    busy_until = synced[end]
+    completed (``device[end]``, raw, possibly before the host got there) until the
+    host reached ``end``. 0 when the device is not observed."""
+    if device is None or device[end] is None:
+        return 0
+    busy_until = device[end]
     begin = host[start] if host[start] > busy_until else busy_until
     idle = host[end] - begin
     return idle if idle > 0 else 0
