@@ -16,11 +16,12 @@ from otel_training import semconv as sc
 class PhaseRecord:
     """One phase occurrence: indices into its step's marks."""
 
-    __slots__ = ("name", "parent", "start", "end", "auto")
+    __slots__ = ("name", "parent", "start", "end", "auto", "up")
 
-    def __init__(self, name: str, parent: str, start: int, auto: bool):
+    def __init__(self, name: str, parent: str, start: int, auto: bool, up: "Optional[PhaseRecord]" = None):
         self.name = name
         self.parent = parent  # "step" for top-level phases
+        self.up = up  # the enclosing record, None for top-level
         self.start = start
         self.end = -1  # -1 while open
         self.auto = auto  # recorded by a hook (not by the user's phase())

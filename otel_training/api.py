@@ -1,0 +1,91 @@
+"""The manual API for custom loops: ``step()`` and ``phase(name)``.
+
+Both are context managers and decorators, cheap no-ops when instrumentation is
+off, and usable together with auto-instrumentation (a manual ``step()`` takes
+over step boundaries; DataLoader waits inside it become ``dataloader_next``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+from otel_training import runtime as _runtime
+
+
+class step(contextlib.ContextDecorator):
+    """One training step: ``with otel_training.step(): ...``."""
+
+    def __enter__(self):
+        rt = _runtime.current()
+        if rt is not None:
+            try:
+                rt.tracker.start_step("manual")
+            except Exception as exc:
+                rt.on_error("api", exc)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        rt = _runtime.current()
+        if rt is not None:
+            try:
+                rt.tracker.finish_step(exc)
+            except Exception as err:
+                rt.on_error("api", err)
+        return False
+
+
+class phase(contextlib.ContextDecorator):
+    """A user-named phase: ``with otel_training.phase("augment"): ...``."""
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("otel_training.phase() needs a non-empty name")
+        self.name = name
+        self._opened = False
+
+    def __enter__(self):
+        rt = _runtime.current()
+        self._opened = False
+        if rt is not None:
+            try:
+                if rt.tracker.on_training_thread():
+                    self._opened = rt.tracker.begin_phase(self.name)
+            except Exception as exc:
+                rt.on_error("api", exc)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._opened:
+            rt = _runtime.current()
+            if rt is not None:
+                try:
+                    if exc is not None and rt.tracker.step is not None and rt.tracker.step.error is None:
+                        rt.tracker.step.error = exc
+                    rt.tracker.end_phase(self.name)
+                except Exception as err:
+                    rt.on_error("api", err)
+        return False
+
+
+def instrument(*, configure_sdk: Optional[bool] = None, **kwargs) -> None:
+    """Instrument this process from code (instead of ``opentelemetry-instrument``).
+
+    When no OpenTelemetry SDK is configured yet (``configure_sdk`` None or True),
+    set one up with the exporters named by the standard ``OTEL_*`` variables.
+    """
+    from opentelemetry import trace
+
+    from otel_training.instrumentor import TrainingInstrumentor
+
+    if configure_sdk or (configure_sdk is None and type(trace.get_tracer_provider()).__name__.startswith("Proxy")):
+        from otel_training.distro import configure_sdk as _configure
+
+        _configure()
+    TrainingInstrumentor().instrument(**kwargs)
+
+
+def uninstrument() -> None:
+    from otel_training.instrumentor import TrainingInstrumentor
+
+    TrainingInstrumentor().uninstrument()

@@ -1,0 +1,77 @@
+"""Tail capture: which finished steps become traces.
+
+Decided after the step, knowing its duration: the first step, every step slower
+than a factor of the running median (per mode), one step in N, and steps that
+raised; all under a token bucket so a burst cannot overflow the span queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from typing import Dict, Optional
+
+_WINDOW = 101  # steps in the running median
+_WARMUP = 10  # steps before "slow" means anything
+
+
+class _RunningMedian:
+    __slots__ = ("_order", "_sorted")
+
+    def __init__(self) -> None:
+        self._order: deque = deque()
+        self._sorted: list = []
+
+    def add(self, value: int) -> None:
+        if len(self._order) == _WINDOW:
+            old = self._order.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        self._order.append(value)
+        bisect.insort(self._sorted, value)
+
+    def median(self) -> Optional[int]:
+        n = len(self._sorted)
+        return self._sorted[n // 2] if n >= _WARMUP else None
+
+
+class TailCapture:
+    def __init__(self, slow_factor: float, every_n: int, max_per_second: float) -> None:
+        self.slow_factor = slow_factor
+        self.every_n = every_n
+        self.rate = max_per_second
+        self._tokens = max(1.0, max_per_second)
+        self._last_refill: Optional[int] = None
+        self._medians: Dict[str, _RunningMedian] = {}
+        self._seen = 0
+
+    def decide(self, mode: str, duration_ns: int, end_ns: int, error: bool) -> Optional[str]:
+        """The reason to trace this step (``first``, ``error``, ``slow``,
+        ``sampled``) or None. ``end_ns`` is any monotonic clock in ns."""
+        seen = self._seen
+        self._seen += 1
+        med = self._medians.get(mode)
+        if med is None:
+            med = self._medians[mode] = _RunningMedian()
+        median = med.median()
+        med.add(duration_ns)
+        if seen == 0:
+            reason = "first"
+        elif error:
+            reason = "error"
+        elif self.slow_factor and median is not None and duration_ns > self.slow_factor * median:
+            reason = "slow"
+        elif self.every_n and seen % self.every_n == 0:
+            reason = "sampled"
+        else:
+            return None
+        return reason if self._take(end_ns) else None
+
+    def _take(self, now_ns: int) -> bool:
+        if self._last_refill is not None:
+            elapsed = (now_ns - self._last_refill) / 1e9
+            self._tokens = min(max(1.0, self.rate), self._tokens + elapsed * self.rate)
+        self._last_refill = now_ns
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False

@@ -1,0 +1,169 @@
+"""Hooks into torch other than modules: DataLoader, backward, optimizers, LR
+schedulers, device-to-host reads and user collectives.
+
+Every wrapper follows one rule: our code runs inside ``try/except`` and reports to
+``on_error``; the user's call runs outside it, so the user's exceptions propagate
+unchanged (and mark the step as failed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from otel_training import semconv as sc
+from otel_training.hooks.patching import Patcher
+
+_FROM_DEVICE_METHODS = ("item", "cpu", "tolist", "numpy")
+_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "broadcast",
+    "broadcast_object_list", "scatter", "all_to_all", "barrier",
+)
+
+
+def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_step_boundary=None) -> list:
+    """Install all non-module hooks; returns removable handles (patches go to ``patcher``)."""
+    handles = []
+
+    def phase_wrapper(name: str, component: str, begin=None):
+        begin = begin or (lambda: tracker.begin_phase(name, auto=True))
+
+        def wrapper(wrapped, instance, args, kwargs):
+            opened = False
+            try:
+                if tracker.step is not None and tracker.on_training_thread():
+                    opened = begin()
+            except Exception as exc:
+                on_error(component, exc)
+            if not opened:
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            except BaseException as exc:
+                _mark_error(tracker, exc)
+                raise
+            finally:
+                try:
+                    tracker.end_phase(name)
+                except Exception as exc:
+                    on_error(component, exc)
+
+        return wrapper
+
+    # -- DataLoader ---------------------------------------------------------------
+    from torch.utils.data import dataloader as dl
+
+    def iter_wrapper(wrapped, instance, args, kwargs):
+        started = None
+        try:
+            if tracker.on_training_thread():
+                if tracker.driver == "dataloader" and tracker.step is not None:
+                    tracker.finish_step()
+                started = (tracker._timer.mark(), tracker._clock())
+        except Exception as exc:
+            on_error("dataloader", exc)
+        it = wrapped(*args, **kwargs)
+        try:
+            counts = instance.__dict__.setdefault("_otel_epochs", [0])
+            it._otel_epoch = counts[0]
+            counts[0] += 1
+            it._otel_started = started
+        except Exception:
+            pass  # an iterator without __dict__: no epoch, no start-up time
+        return it
+
+    def next_wrapper(wrapped, instance, args, kwargs):
+        recording = False
+        try:
+            if tracker.on_training_thread():
+                started = instance.__dict__.pop("_otel_started", None) if hasattr(instance, "__dict__") else None
+                recording = tracker.loader_next_begin(instance, started)
+        except Exception as exc:
+            on_error("dataloader", exc)
+        if not recording:
+            return wrapped(*args, **kwargs)
+        try:
+            batch = wrapped(*args, **kwargs)
+        except StopIteration:
+            try:
+                tracker.loader_stopped()
+            except Exception as exc:
+                on_error("dataloader", exc)
+            raise
+        except BaseException as exc:
+            _mark_error(tracker, exc)
+            try:
+                tracker.end_phase(sc.PHASE_DATALOADER_NEXT)
+            except Exception as exc2:
+                on_error("dataloader", exc2)
+            raise
+        try:
+            tracker.loader_next_end(batch)
+        except Exception as exc:
+            on_error("dataloader", exc)
+        return batch
+
+    patcher.wrap(dl.DataLoader, "__iter__", iter_wrapper)
+    patcher.wrap(dl._BaseDataLoaderIter, "__next__", next_wrapper)
+
+    # -- backward -------------------------------------------------------------------
+    patcher.wrap(torch.autograd, "backward", phase_wrapper(sc.PHASE_BACKWARD, "backward", tracker.backward_begin))
+
+    # -- optimizer step: torch's global hooks, not patches ------------------------------
+    from torch.optim import optimizer as optim_mod
+
+    def opt_pre(optimizer, args, kwargs):
+        try:
+            if tracker.on_training_thread():
+                tracker.optimizer_begin()
+        except Exception as exc:
+            on_error("optimizer", exc)
+
+    def opt_post(optimizer, args, kwargs):
+        try:
+            if tracker.on_training_thread():
+                tracker.end_phase(sc.PHASE_OPTIMIZER_STEP)
+        except Exception as exc:
+            on_error("optimizer", exc)
+
+    handles.append(optim_mod.register_optimizer_step_pre_hook(opt_pre))
+    handles.append(optim_mod.register_optimizer_step_post_hook(opt_post))
+
+    # -- LR schedulers: the base step and every subclass that overrides it ----------------
+    from torch.optim import lr_scheduler as lrs
+
+    lr_wrapper = phase_wrapper(sc.PHASE_LR_SCHEDULERS, "lr_scheduler")
+    base = getattr(lrs, "LRScheduler", None) or getattr(lrs, "_LRScheduler")
+    for cls in _subclasses(base) | {base, getattr(lrs, "ReduceLROnPlateau", base)}:
+        if "step" in vars(cls):
+            patcher.wrap(cls, "step", lr_wrapper)
+
+    # -- device-to-host reads ---------------------------------------------------------
+    for method in _FROM_DEVICE_METHODS:
+        patcher.wrap(torch.Tensor, method, phase_wrapper(sc.PHASE_FROM_DEVICE, "from_device"))
+
+    # -- user collectives ----------------------------------------------------------------
+    if torch.distributed.is_available():
+        reduce_wrapper = phase_wrapper(sc.PHASE_REDUCE_METRICS, "distributed")
+        for name in _COLLECTIVES:
+            if hasattr(torch.distributed, name):
+                patcher.wrap(torch.distributed, name, reduce_wrapper)
+    return handles
+
+
+def _subclasses(cls) -> set:
+    out, todo = set(), [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.add(sub)
+                todo.append(sub)
+    return out
+
+
+def _mark_error(tracker: Any, exc: BaseException) -> None:
+    step = tracker.step
+    if step is not None and step.error is None and not isinstance(exc, (StopIteration, GeneratorExit)):
+        step.error = exc

@@ -1,0 +1,67 @@
+"""``TrainingInstrumentor``: the OpenTelemetry instrumentor for PyTorch training.
+
+Loaded by ``opentelemetry-instrument`` through the ``opentelemetry_instrumentor``
+entry point, or called directly::
+
+    TrainingInstrumentor().instrument()
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Collection
+
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from otel_training.config import ConfigError, load_config
+from otel_training.package import _instruments
+
+
+class TrainingInstrumentor(BaseInstrumentor):
+    """Times every training step by phase; samples hardware into gauges."""
+
+    _runtime = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs):
+        try:
+            config = kwargs.get("config") or load_config()
+        except ConfigError as exc:
+            # One clear line, then stop: a silently ignored setting is worse.
+            print(f"otel-training: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        if not config.enabled:
+            return
+        from otel_training.runtime import Runtime
+
+        tracer_provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
+        meter_provider = kwargs.get("meter_provider") or metrics.get_meter_provider()
+        runtime = Runtime(config, tracer_provider, meter_provider)
+        runtime.install()
+        TrainingInstrumentor._runtime = runtime
+        try:
+            from otel_training import integrations
+
+            integrations.enable(config, runtime)
+        except ImportError:
+            pass
+        except Exception as exc:
+            runtime.on_error("integrations", exc)
+
+    def _uninstrument(self, **kwargs):
+        runtime = TrainingInstrumentor._runtime
+        TrainingInstrumentor._runtime = None
+        try:
+            from otel_training import integrations
+
+            integrations.disable()
+        except ImportError:
+            pass
+        except Exception as exc:  # pragma: no cover
+            if runtime is not None:
+                runtime.on_error("integrations", exc)
+        if runtime is not None:
+            runtime.uninstall()

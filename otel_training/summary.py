@@ -1,0 +1,148 @@
+"""Run-end summary: per-mode phase totals, the breakdown table and the verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from array import array
+from typing import Dict, Optional, Tuple
+
+from otel_training import semconv as sc
+
+SCHEMA = "otel-training/summary/v1"
+_MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
+
+
+class _ModeStats:
+    __slots__ = ("steps", "samples", "step_ns", "phase_ns", "phase_count", "idle_ns", "durations",
+                 "first_start", "last_end")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.samples = 0
+        self.step_ns = 0
+        self.phase_ns: Dict[Tuple[str, str], int] = {}
+        self.phase_count: Dict[Tuple[str, str], int] = {}
+        self.idle_ns: Dict[str, int] = {}
+        self.durations = array("d")
+        self.first_start: Optional[int] = None
+        self.last_end: Optional[int] = None
+
+
+class RunSummary:
+    """Aggregates finished steps (on the pipeline thread)."""
+
+    def __init__(self, resource_info: dict, timing: str) -> None:
+        self.info = dict(resource_info)
+        self.timing = timing
+        self.started_at = time.time()
+        self.modes: Dict[str, _ModeStats] = {}
+
+    def add(self, mode: str, start_ns: int, end_ns: int, phases_ns: Dict[Tuple[str, str], int],
+            idle_ns: Optional[Dict[str, int]], batch_size: Optional[int]) -> None:
+        m = self.modes.get(mode)
+        if m is None:
+            m = self.modes[mode] = _ModeStats()
+        m.steps += 1
+        m.samples += batch_size or 0
+        m.step_ns += end_ns - start_ns
+        if m.first_start is None:
+            m.first_start = start_ns
+        m.last_end = end_ns
+        for key, ns in phases_ns.items():
+            m.phase_ns[key] = m.phase_ns.get(key, 0) + ns
+            m.phase_count[key] = m.phase_count.get(key, 0) + 1
+        if idle_ns:
+            for name, ns in idle_ns.items():
+                m.idle_ns[name] = m.idle_ns.get(name, 0) + ns
+        if len(m.durations) >= _MAX_DURATIONS:
+            m.durations = m.durations[::2]
+        m.durations.append((end_ns - start_ns) / 1e9)
+
+    def to_dict(self, telemetry: Optional[dict] = None) -> dict:
+        modes = {}
+        for mode, m in self.modes.items():
+            step_s = m.step_ns / 1e9
+            ds = sorted(m.durations)
+            pct = (lambda q: ds[min(len(ds) - 1, int(q * len(ds)))] if ds else 0.0)
+            phases = []
+            for (name, parent), ns in sorted(m.phase_ns.items(), key=lambda kv: -kv[1]):
+                count = m.phase_count[(name, parent)]
+                phases.append({
+                    "name": name, "parent": parent, "total_s": ns / 1e9,
+                    "mean_s": ns / 1e9 / m.steps if m.steps else 0.0, "count": count,
+                    "share": (ns / m.step_ns) if m.step_ns else 0.0,
+                })
+            modes[mode] = {
+                "steps": m.steps, "samples": m.samples, "step_time_s": step_s,
+                "wall_s": ((m.last_end or 0) - (m.first_start or 0)) / 1e9,
+                "step_mean_s": step_s / m.steps if m.steps else 0.0,
+                "step_p50_s": pct(0.5), "step_p90_s": pct(0.9), "step_max_s": ds[-1] if ds else 0.0,
+                "phases": phases,
+                "gpu_idle_s": {k: v / 1e9 for k, v in m.idle_ns.items()},
+            }
+        out = {"schema": SCHEMA, **self.info, "timing": self.timing, "started_at": self.started_at,
+               "ended_at": time.time(), "modes": modes,
+               "telemetry": telemetry or {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}}
+        return out
+
+
+def findings(summary: dict) -> list:
+    """The verdict module's findings, most important first (empty if unavailable)."""
+    try:
+        from otel_training.verdict import diagnose
+    except ImportError:  # pragma: no cover - verdict ships with the package
+        return []
+    return list(diagnose(summary))
+
+
+def render(summary: dict) -> str:
+    """The run-end breakdown table(s) and a one-line verdict with advice."""
+    lines = []
+    for mode, m in summary["modes"].items():
+        if not m["steps"]:
+            continue
+        rate = m["samples"] / m["wall_s"] if m["wall_s"] and m["samples"] else 0.0
+        head = f"otel-training: {mode} — {m['steps']} steps, mean step {m['step_mean_s'] * 1e3:.1f} ms"
+        head += f" (p90 {m['step_p90_s'] * 1e3:.1f} ms)"
+        if rate:
+            head += f", {rate:.0f} samples/s"
+        lines.append(head)
+        lines.append(f"  {'phase':<28}{'mean ms':>10}{'total s':>10}{'share':>8}")
+        idle = m.get("gpu_idle_s") or {}
+        top = [p for p in m["phases"] if p["parent"] == sc.SPAN_STEP]
+        for p in top:
+            label = p["name"] + (" (callbacks, logging, user code)" if p["name"] == sc.PHASE_UNTRACKED else "")
+            lines.append(f"  {label:<28}{p['mean_s'] * 1e3:>10.2f}{p['total_s']:>10.2f}{p['share'] * 100:>7.1f}%")
+            for c in m["phases"]:
+                if c["parent"] == p["name"]:
+                    lines.append(f"    {c['name']:<26}{c['mean_s'] * 1e3:>10.2f}{c['total_s']:>10.2f}"
+                                 f"{c['share'] * 100:>7.1f}%")
+        if idle and m["step_time_s"]:
+            total_idle = sum(idle.values())
+            worst = max(idle, key=idle.get)
+            lines.append(f"  GPU idle {total_idle / m['step_time_s'] * 100:.1f}% of step time"
+                         f" (mostly during {worst})")
+    tel = summary.get("telemetry") or {}
+    bad = {k: v for k, v in tel.items() if v}
+    if bad:
+        lines.append("  telemetry problems: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
+    found = findings(summary)
+    if found:
+        f = found[0]
+        advice = "; ".join(getattr(f, "advice", []) or [])
+        lines.append(f"verdict: {getattr(f, 'title', f)}" + (f" — {advice}" if advice else ""))
+    return "\n".join(lines)
+
+
+def write(summary: dict, path: str) -> str:
+    """Write the summary as JSON; ``{rank}`` and ``{pid}`` in the path are expanded."""
+    path = path.replace("{rank}", str(summary.get("rank", 0))).replace("{pid}", str(os.getpid()))
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,289 @@
+"""The training-thread state machine: hook events in, finished step timelines out.
+
+Hooks call into one ``Tracker``; it appends marks and phase records to the
+current ``StepTimeline`` and hands each finished step to ``sink`` (the pipeline's
+queue). Everything here runs on the training thread, so it stays small: no
+OpenTelemetry calls, no allocation beyond the step's lists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, List, Optional
+
+from otel_training import semconv as sc
+from otel_training.timeline import PhaseRecord, StepTimeline
+
+_BATCH = "batch"  # internal name of the train_batch/eval_batch container
+_CHILDREN = frozenset(sc.BATCH_CHILDREN)
+
+DRIVER_NONE = "none"  # no step source seen yet: implicit steps at forward
+DRIVER_DATALOADER = "dataloader"
+
+
+class Tracker:
+    """Turns hook events on the training thread into step timelines."""
+
+    def __init__(self, sink: Callable[[StepTimeline], None], timer: Any, clock=time.perf_counter_ns):
+        self._sink = sink
+        self._timer = timer
+        self._clock = clock
+        self.step: Optional[StepTimeline] = None
+        self._stack: List[PhaseRecord] = []
+        self._batch: Optional[PhaseRecord] = None  # open container, if any
+        self._batch_end = -1  # mark of the container's last child end
+        self._to_device_from = -1  # mark where a pending to_device window began
+        self.driver = DRIVER_NONE
+        self.thread: Optional[int] = None  # the training thread's ident
+        self._next_index = 0
+        self.on_error: Optional[Callable[[BaseException], None]] = None
+
+    # ------------------------------------------------------------------ basics
+    def _mark(self) -> int:
+        step = self.step
+        step.tokens.append(self._timer.mark())
+        step.marks.append(self._clock())
+        return len(step.marks) - 1
+
+    def on_training_thread(self) -> bool:
+        """True on the thread we track; binds to the first thread that asks."""
+        ident = threading.get_ident()
+        if self.thread is None:
+            self.thread = ident
+            return True
+        return ident == self.thread
+
+    def _new_step(self, source: Any = None, epoch: Optional[int] = None) -> StepTimeline:
+        step = StepTimeline(self._next_index, epoch, source)
+        self._next_index += 1
+        self.step = step
+        self._stack = []
+        self._batch = None
+        self._batch_end = -1
+        self._to_device_from = -1
+        step.grad_enabled = _grad_enabled()
+        return step
+
+    # ------------------------------------------------------------------ steps
+    def start_step(self, driver: str = "manual", source: Any = None, epoch: Optional[int] = None) -> None:
+        """Begin a step now, ending any open one at the same instant."""
+        self.driver = driver
+        self.thread = threading.get_ident()
+        token = self._timer.mark()
+        now = self._clock()
+        if self.step is not None:
+            self._close(token, now)
+        step = self._new_step(source, epoch)
+        step.tokens.append(token)
+        step.marks.append(now)
+
+    def finish_step(self, error: Optional[BaseException] = None) -> None:
+        """End the current step now (no-op without one)."""
+        if self.step is None:
+            return
+        if error is not None:
+            self.step.error = error
+        self._close(self._timer.mark(), self._clock())
+
+    def _close(self, token: Any, now: int) -> None:
+        step = self.step
+        step.tokens.append(token)
+        step.marks.append(now)
+        end = len(step.marks) - 1
+        for rec in self._stack:  # phases left open (an exception, a break)
+            if rec.end < 0:
+                rec.end = self._batch_end if rec is self._batch and self._batch_end >= 0 else end
+        if self._batch is not None and self._batch.end < 0:
+            self._batch.end = self._batch_end if self._batch_end >= 0 else end
+        self.step = None
+        self._stack = []
+        self._batch = None
+        self._sink(step)
+
+    def discard_step(self) -> None:
+        """Drop the current step (e.g. a DataLoader that raised StopIteration)."""
+        step = self.step
+        self.step = None
+        self._stack = []
+        self._batch = None
+        if step is not None and hasattr(self._timer, "release"):
+            self._timer.release(step.tokens)
+
+    def set_step_attributes(self, **attrs: Any) -> None:
+        if self.step is not None:
+            if self.step.extra is None:
+                self.step.extra = {}
+            self.step.extra.update(attrs)
+
+    # ------------------------------------------------------------------ phases
+    def _open(self, name: str, auto: bool, at: Optional[int] = None) -> PhaseRecord:
+        start = self._mark() if at is None else at
+        up = self._stack[-1] if self._stack else None
+        rec = PhaseRecord(name, up.name if up is not None else sc.SPAN_STEP, start, auto, up)
+        self.step.phases.append(rec)
+        self._stack.append(rec)
+        return rec
+
+    def _close_batch(self) -> None:
+        batch = self._batch
+        if batch is not None and self._stack and self._stack[-1] is batch:
+            self._stack.pop()
+            batch.end = self._batch_end
+            self._batch = None
+
+    def begin_phase(self, name: str, auto: bool = False) -> bool:
+        """Open a phase; auto phases (from hooks) do not nest inside other auto
+        phases, so ``.item()`` inside an optimizer is part of the optimizer."""
+        if self.step is None:
+            return False
+        top = self._stack[-1] if self._stack else None
+        if auto and top is not None and top.auto and top is not self._batch:
+            return False
+        self._to_device_from = -1
+        if name in _CHILDREN and (top is None or top is self._batch):
+            if self._batch is None:
+                rec = self._open(_BATCH, True)
+                self._batch = rec
+                self._open(name, auto, rec.start)
+                return True
+        elif top is not None and top is self._batch:
+            self._close_batch()
+        self._open(name, auto)
+        return True
+
+    def end_phase(self, name: str) -> None:
+        """Close the innermost open phase called ``name`` (and any left open inside it)."""
+        stack = self._stack
+        if self.step is None or not stack:
+            return
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i].name == name:
+                break
+        else:
+            return
+        end = self._mark()
+        while len(stack) > i:
+            rec = stack.pop()
+            rec.end = end
+        if name in _CHILDREN and self._batch is not None:
+            self._batch_end = end
+
+    # ---------------------------------------------------------- hook entry points
+    def loader_next_begin(self, iterator: Any, started_at: Optional[tuple] = None) -> bool:
+        """A DataLoader iterator's ``__next__`` was entered; True if recording."""
+        if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
+            return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
+        step = self.step
+        new = step is None or step.source is iterator or _has_work(step)
+        if not new:  # zip(loader_a, loader_b): same step, another wait
+            return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
+        self.driver = DRIVER_DATALOADER
+        if step is not None:
+            self._close(self._timer.mark(), self._clock())
+        if started_at is not None:  # the iterator's start-up (workers) counts
+            token, now = started_at
+        else:
+            token, now = self._timer.mark(), self._clock()
+        step = self._new_step(iterator, getattr(iterator, "_otel_epoch", None))
+        step.tokens.append(token)
+        step.marks.append(now)
+        self._open(sc.PHASE_DATALOADER_NEXT, True, 0)
+        return True
+
+    def loader_next_end(self, batch: Any) -> None:
+        if self.step is None:
+            return
+        self.end_phase(sc.PHASE_DATALOADER_NEXT)
+        step = self.step
+        if step.batch_size is None:
+            step.batch_size = infer_batch_size(batch)
+        if not self._stack:
+            self._to_device_from = len(step.marks) - 1
+
+    def loader_stopped(self) -> None:
+        """``__next__`` raised StopIteration: a step with only waiting is no step."""
+        step = self.step
+        if step is None:
+            return
+        if step.source is not None and not _has_work(step) and self.driver == DRIVER_DATALOADER:
+            self.discard_step()
+        else:
+            self.end_phase(sc.PHASE_DATALOADER_NEXT)
+
+    def forward_begin(self) -> None:
+        step = self.step
+        if self.driver == DRIVER_NONE and (
+            step is None or step.saw_optimizer or (step.saw_forward and not step.saw_backward)
+        ):
+            self.start_step(DRIVER_NONE)  # loops without a DataLoader: implicit steps
+            step = self.step
+        if step is None:
+            return
+        pending = self._to_device_from
+        if pending >= 0 and not self._stack:
+            rec = PhaseRecord(sc.PHASE_TO_DEVICE, sc.SPAN_STEP, pending, True)
+            rec.end = self._mark()
+            step.phases.append(rec)
+            self._to_device_from = -1
+            at = rec.end
+            batch = self._open(_BATCH, True, at)
+            self._batch = batch
+            self._open(sc.PHASE_FORWARD, True, at)
+        elif not self.begin_phase(sc.PHASE_FORWARD, auto=True):
+            return
+        step.saw_forward = True
+        if not _grad_enabled():
+            step.grad_enabled = False
+
+    def forward_end(self) -> None:
+        self.end_phase(sc.PHASE_FORWARD)
+
+    def backward_begin(self) -> bool:
+        if self.step is None:
+            return False
+        self.step.saw_backward = True
+        return self.begin_phase(sc.PHASE_BACKWARD, auto=True)
+
+    def optimizer_begin(self) -> bool:
+        if self.step is None:
+            return False
+        self.step.saw_optimizer = True
+        return self.begin_phase(sc.PHASE_OPTIMIZER_STEP, auto=True)
+
+
+def _has_work(step: StepTimeline) -> bool:
+    for rec in step.phases:
+        if rec.name != sc.PHASE_DATALOADER_NEXT:
+            return True
+    return False
+
+
+def _grad_enabled() -> bool:
+    try:
+        import torch
+
+        return torch.is_grad_enabled()
+    except Exception:  # pragma: no cover - torch missing
+        return True
+
+
+def infer_batch_size(batch: Any) -> Optional[int]:
+    """First dimension of the first tensor in the batch (one level deep)."""
+    try:
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if isinstance(batch, dict):
+            items = batch.values()
+        elif isinstance(batch, (list, tuple)):
+            items = batch
+        else:
+            return None
+        for item in items:
+            shape = getattr(item, "shape", None)
+            if shape is not None and len(shape):
+                return int(shape[0])
+    except Exception:
+        return None
+    return None
