@@ -1,0 +1,83 @@
+"""Host and GPU hardware samples as OpenTelemetry observable gauges.
+
+``start_hardware_metrics`` registers the gauges of docs/telemetry.md ("Hardware
+gauges") on ``meter_provider.get_meter("otel_training.hardware")`` and starts the
+background sampler. On a host running several ranks only one process (the holder of
+a per-host file lock) samples the host and the GPUs; every process reports its own GPU
+memory and utilization. See docs/hardware.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from otel_training.hardware.agent_lock import HostLock
+from otel_training.hardware.gauges import register_gauges
+from otel_training.hardware.sampler import Sampler
+from otel_training.hardware.stats import Store
+
+__all__ = ["HardwareMetrics", "start_hardware_metrics", "METER_NAME"]
+
+METER_NAME = "otel_training.hardware"
+
+_logger = logging.getLogger("otel_training.hardware")
+
+
+class HardwareMetrics:
+    """Handle on a running sampler (or a no-op one when hardware metrics are off)."""
+
+    def __init__(self, sampler: Optional[Sampler] = None) -> None:
+        self._sampler = sampler
+        self._stopped = sampler is None
+
+    @property
+    def active(self) -> bool:
+        return not self._stopped
+
+    @property
+    def is_host_sampler(self) -> bool:
+        """Whether this process currently samples the host and GPUs for its host."""
+        return self._sampler is not None and self._sampler.is_host_sampler
+
+    def collect_once(self) -> None:
+        """Take one sample now, on the calling thread (tests and benchmarks)."""
+        if self._sampler is not None and not self._stopped:
+            self._sampler.tick()
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Stop sampling (waits at most ``timeout`` s); the gauges then report nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._sampler.shutdown(timeout)
+        except Exception:
+            _logger.warning("stopping the hardware sampler failed", exc_info=True)
+
+
+def start_hardware_metrics(meter_provider, config, *, host_name: str,
+                           lock_path: Optional[str] = None, start: bool = True,
+                           gpu: bool = True) -> HardwareMetrics:
+    """Register the hardware gauges and start sampling every ``config.hardware_interval`` s.
+
+    Returns at once (NVML is initialised on the sampler thread) and never raises: a
+    failure is logged and a no-op handle returned. ``lock_path`` overrides the per-host
+    lock file; ``start=False`` registers the gauges without the thread (drive it with
+    ``collect_once()``); ``gpu=False`` skips NVML.
+    """
+    try:
+        if not getattr(config, "hardware", True):
+            return HardwareMetrics(None)
+        store = Store()
+        sampler = Sampler(store, host_name, float(config.hardware_interval),
+                          lock=HostLock(lock_path), gpu=gpu)
+        handle = HardwareMetrics(sampler)
+        register_gauges(meter_provider.get_meter(METER_NAME), store,
+                        active=lambda: handle.active)
+        if start:
+            sampler.start()
+        return handle
+    except Exception:
+        _logger.warning("hardware metrics disabled: setup failed", exc_info=True)
+        return HardwareMetrics(None)
