@@ -113,12 +113,14 @@ def render(summary: dict) -> str:
         idle = m.get("gpu_idle_s") or {}
         top = [p for p in m["phases"] if p["parent"] == sc.SPAN_STEP]
         for p in top:
-            label = p["name"] + (" (callbacks, logging, user code)" if p["name"] == sc.PHASE_UNTRACKED else "")
+            label = p["name"] + ("*" if p["name"] == sc.PHASE_UNTRACKED else "")
             lines.append(f"  {label:<28}{p['mean_s'] * 1e3:>10.2f}{p['total_s']:>10.2f}{p['share'] * 100:>7.1f}%")
             for c in m["phases"]:
                 if c["parent"] == p["name"]:
                     lines.append(f"    {c['name']:<26}{c['mean_s'] * 1e3:>10.2f}{c['total_s']:>10.2f}"
                                  f"{c['share'] * 100:>7.1f}%")
+        if any(p["name"] == sc.PHASE_UNTRACKED for p in top):
+            lines.append("  * untracked: time outside every phase (callbacks, logging, user code)")
         if idle and m["step_time_s"]:
             total_idle = sum(idle.values())
             worst = max(idle, key=idle.get)

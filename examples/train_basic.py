@@ -1,0 +1,61 @@
+"""A plain PyTorch training loop with no OpenTelemetry in it.
+
+Run it instrumented, with no code change:
+
+    opentelemetry-instrument --service_name basic python examples/train_basic.py
+
+``--batch-delay-ms`` plants a slow dataset (sleep per batch) and ``--log-delay-ms``
+a slow logging call in user code, so their cost can be seen in the telemetry.
+"""
+
+import argparse
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Synthetic(Dataset):
+    def __init__(self, n: int, delay_s: float, batch_size: int) -> None:
+        self.n, self.delay_s, self.batch_size = n, delay_s, batch_size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i % self.batch_size == 0:  # one sleep per batch (sequential sampler)
+            time.sleep(self.delay_s)
+        return torch.randn(32), i % 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-delay-ms", type=float, default=20.0)
+    parser.add_argument("--log-delay-ms", type=float, default=5.0)
+    parser.add_argument("--epochs", type=int, default=1)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+    loss_fn = nn.CrossEntropyLoss()
+    data = Synthetic(args.steps * args.batch_size, args.batch_delay_ms / 1e3, args.batch_size)
+    loader = DataLoader(data, batch_size=args.batch_size)
+    for _ in range(args.epochs):
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            time.sleep(args.log_delay_ms / 1e3)  # a slow logger
+            _ = loss.item()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
