@@ -6,8 +6,9 @@ most important first. ``otel-training report`` passes the same shape with two
 optional additions it measures elsewhere:
 
 - ``"gpu_utilization": {"mean": 0.35, "min": 0.1}`` (ratios, all GPUs of the run);
-- ``"ranks": [{"rank": 0, "host": "a", "step_mean_s": 0.12, "phases": {"dataloader_next": 0.4}}]``
-  (per-rank mean step time and top-level phase shares, for straggler detection).
+- ``"ranks": [{"rank": 0, "host": "a", "step_mean_s": 0.12, "phases": {"dataloader_next": 0.4},
+  "phase_mean_s": {"dataloader_next": 0.05}}]`` (per rank: mean step time, top-level phase
+  shares and optionally seconds per step, for straggler detection).
 
 A finding's ``score`` is the share of step time it explains (0..1; what removing the
 bottleneck could save at most), so findings from different causes rank together.
@@ -34,7 +35,7 @@ THRESHOLDS = {
 COMPUTE_SHARE = 0.60  # train_batch/eval_batch above this: compute-bound
 GPU_BUSY = 0.80  # mean GPU utilization above this: the GPU is the bottleneck
 GPU_IDLE = 0.50  # mean GPU utilization below this: the GPU waits on the host
-STRAGGLER_RATIO = 1.15  # a rank's mean step this much slower than the median
+STRAGGLER_RATIO = 1.15  # a rank's mean step this much slower than the others' median
 CALLBACK_PREFIX = "callback."
 
 _BUILTIN = {
@@ -273,21 +274,25 @@ def _straggler_findings(ranks: List[dict]) -> List[Finding]:
     timed = [r for r in ranks if r.get("step_mean_s")]
     if len(timed) < 2:
         return []
-    med = median(r["step_mean_s"] for r in timed)
     slow = max(timed, key=lambda r: r["step_mean_s"])
+    others = [r for r in timed if r is not slow]
+    med = median(r["step_mean_s"] for r in others)
     ratio = slow["step_mean_s"] / med if med else 0.0
     if ratio < STRAGGLER_RATIO:
         return []
-    others = [r for r in timed if r is not slow]
+    # Prefer absolute per-step seconds (phase_mean_s); shares shift when any phase grows.
+    field_ = "phase_mean_s" if slow.get("phase_mean_s") else "phases"
     diff_phase, diff = None, 0.0
-    for name, s in (slow.get("phases") or {}).items():
-        base = median([(r.get("phases") or {}).get(name, 0.0) for r in others])
-        if s - base > diff:
-            diff_phase, diff = name, s - base
+    for name, v in (slow.get(field_) or {}).items():
+        base = median([(r.get(field_) or {}).get(name, 0.0) for r in others])
+        if v - base > diff:
+            diff_phase, diff = name, v - base
     where = f" on {slow['host']}" if slow.get("host") else ""
     detail = (f"rank {slow.get('rank')}{where} averages {slow['step_mean_s'] * 1e3:.1f} ms per "
-              f"step, {ratio:.2f}x the median rank")
-    if diff_phase:
+              f"step, {ratio:.2f}x the other ranks' median")
+    if diff_phase and field_ == "phase_mean_s":
+        detail += f"; its {diff_phase} takes {diff * 1e3:.1f} ms more per step than the others'"
+    elif diff_phase:
         detail += f"; its {diff_phase} share is {_pct(diff)} higher than the others'"
     return [Finding("straggler", min(1.0, 1.0 - 1.0 / ratio), f"straggler rank {slow.get('rank')}",
         detail, [

@@ -92,6 +92,16 @@ def test_straggler_names_rank_host_and_phase():
     assert f[0].kind == "straggler"  # 50% of the others' step time is waiting for rank 2
 
 
+def test_straggler_prefers_seconds_per_step():
+    ranks = [{"rank": r, "step_mean_s": 0.1, "phases": {"dataloader_next": 0.2, "train_batch": 0.8},
+              "phase_mean_s": {"dataloader_next": 0.02, "train_batch": 0.08}} for r in range(3)]
+    # rank 1: data loading +50 ms/step; its train_batch share drops although compute is unchanged
+    ranks[1].update(step_mean_s=0.15, phases={"dataloader_next": 0.47, "train_batch": 0.53},
+                    phase_mean_s={"dataloader_next": 0.07, "train_batch": 0.08})
+    st = next(x for x in diagnose(_summary({"train_batch": 0.9}, ranks=ranks)) if x.kind == "straggler")
+    assert "dataloader_next takes 50.0 ms more per step" in st.detail and "1.50x" in st.detail
+
+
 def test_eval_only_and_empty_summaries():
     f = diagnose(_summary({"dataloader_next": 0.7, "eval_batch": 0.3}, mode="eval"))
     assert f[0].kind == "data_loading" and "eval step time" in f[0].detail
