@@ -69,7 +69,10 @@ class _Gpu:
         self.proc_attrs = attributes(**gpu, **{n.PROCESS_PID: pid})
         self.disabled: Set[str] = set()
         self.buffered = {"utilization": True, "memory_controller": True}
-        self.last_seen: Dict[str, int] = {}  # sampling key -> last NVML timestamp (us)
+        # sampling key -> newest NVML timestamp seen (us); absent: never read, so the
+        # next read returns the driver's whole buffer, history from before we started
+        self.last_seen: Dict[str, int] = {}
+        self.has_value: Set[str] = set()
         self.legacy_throttle = False
         self.process_seen = False
         self.process_util_at: Optional[float] = None
@@ -177,11 +180,13 @@ class GpuSource:
             if key in gpu.disabled:
                 continue
             values = self._buffered(gpu, key, sampling) if gpu.buffered[key] else None
-            if values is None:
+            if values is None or (not values and key not in gpu.has_value):
+                # unsupported, or nothing buffered yet: an instant value rather than none
                 fallback.append((key, gauge))
                 continue
             for percent in values:
                 self._store.add(gauge, gpu.attrs, percent / 100.0)
+            gpu.has_value.add(key)
         if not fallback:
             return
         # No buffered samples on this model: one instant per tick instead.
@@ -193,15 +198,18 @@ class GpuSource:
         for key, gauge in fallback:
             percent = rates.gpu if key == "utilization" else rates.memory
             self._store.add(gauge, gpu.attrs, percent / 100.0)
+            gpu.has_value.add(key)
 
     def _buffered(self, gpu: _Gpu, key: str, sampling: int) -> Optional[List[float]]:
         """New sample values (percent), [] when none arrived; None: not supported."""
         nvml = self._nvml
+        first = key not in gpu.last_seen
         last = gpu.last_seen.get(key, 0)
         try:
             value_type, samples = nvml.nvmlDeviceGetSamples(gpu.handle, sampling, last)
         except nvml.NVMLError as exc:
             if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())):
+                gpu.last_seen[key] = last
                 return []  # no sample newer than `last`
             if _permanent(nvml, exc):
                 gpu.buffered[key] = False
@@ -217,10 +225,11 @@ class GpuSource:
                            gpu.index, key, _describe(exc), level=logging.WARNING)
             return []
         if not samples:
+            gpu.last_seen[key] = last
             return []
         newest = max(s.timeStamp for s in samples)
         gpu.last_seen[key] = newest
-        if last == 0:
+        if first:
             # The first read returns the driver's whole buffer (seconds of history
             # before we started): keep only the newest sample.
             samples = [s for s in samples if s.timeStamp == newest][:1]
@@ -289,11 +298,17 @@ class GpuSource:
         nvml = self._nvml
         if "process_utilization" in gpu.disabled:
             return
+        first = "process" not in gpu.last_seen
         last = gpu.last_seen.get("process", 0)
         try:
             samples = nvml.nvmlDeviceGetProcessUtilization(gpu.handle, last)
         except nvml.NVMLError as exc:
-            if not isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())):
+            # NotFound: no sample newer than `last`; pynvml raises NVMLError(0) when
+            # the driver returned success with no sample at all
+            if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())) or getattr(
+                    exc, "value", None) == 0:
+                gpu.last_seen["process"] = last
+            else:
                 self._handle_error(gpu, "process_utilization", exc)
             samples = []
         except Exception as exc:
@@ -303,7 +318,7 @@ class GpuSource:
             newest = max(s.timeStamp for s in samples)
             gpu.last_seen["process"] = newest
             mine = [s for s in samples if s.pid == self._pid]
-            if last == 0 and mine:
+            if first and mine:
                 mine = [max(mine, key=lambda s: s.timeStamp)]  # skip buffered history
             for s in mine:
                 self._store.add(n.PROCESS_GPU_UTILIZATION, gpu.proc_attrs, s.smUtil / 100.0)
