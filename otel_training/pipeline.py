@@ -84,6 +84,16 @@ class Pipeline:
 
     def _drain(self, deadline: Optional[float]) -> None:
         queue = self._queue
+        if queue:
+            try:
+                self._drain_steps(queue, deadline)
+            finally:
+                try:
+                    self._metrics.flush()
+                except Exception as exc:
+                    self._telemetry.internal_error("pipeline", exc)
+
+    def _drain_steps(self, queue: deque, deadline: Optional[float]) -> None:
         while queue:
             if deadline is not None and time.monotonic() > deadline:
                 return
@@ -95,6 +105,9 @@ class Pipeline:
                 self._telemetry.internal_error("pipeline", exc)
             finally:
                 self._busy = False
+            # Hand the GIL back after every step: the training thread must never
+            # wait a whole switch interval (5 ms) for us.
+            time.sleep(0)
 
     # -- per step ---------------------------------------------------------------------
     def process(self, step) -> None:
@@ -154,8 +167,7 @@ class Pipeline:
             context = trace.set_span_in_context(root)
 
         idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
-        self._metrics.record(mode, step_ns / 1e9, {k: v / 1e9 for k, v in phases_ns.items()},
-                             idle_s, step.batch_size, context)
+        self._metrics.record(mode, step_ns / 1e9, phases_ns, idle_s, step.batch_size, context)
         if self.on_step_done is not None:
             self.on_step_done(step)
 
