@@ -133,8 +133,8 @@ def render(summary: dict) -> str:
     found = findings(summary)
     if found:
         f = found[0]
-        advice = "; ".join(getattr(f, "advice", []) or [])
-        lines.append(f"verdict: {getattr(f, 'title', f)}" + (f" — {advice}" if advice else ""))
+        lines.append(f"verdict: {getattr(f, 'title', f)}")
+        lines += [f"  - {a}" for a in (getattr(f, "advice", None) or [])[:3]]
     return "\n".join(lines)
 
 
