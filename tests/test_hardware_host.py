@@ -105,8 +105,10 @@ class Counters:
         psutil_ = host_module.psutil
         monkeypatch.setattr(psutil_, "net_io_counters", lambda pernic=False, nowrap=True: dict(
             self.net))
-        monkeypatch.setattr(psutil_, "disk_io_counters", lambda perdisk=False, nowrap=True:
-                            self.disk)
+        # a whole disk and its partition (same counts): only the disk is summed
+        monkeypatch.setattr(psutil_, "disk_io_counters", lambda perdisk=False, nowrap=True: (
+            {"sda": self.disk, "sda1": self.disk} if perdisk else self.disk))
+        monkeypatch.setattr(host_module, "_is_whole_disk", lambda name: name == "sda")
         monkeypatch.setattr(psutil_, "cpu_times", lambda percpu=False: self.cpu)
         monkeypatch.setattr(psutil_, "virtual_memory",
                             lambda: namedtuple("VM", "available")(self.available))

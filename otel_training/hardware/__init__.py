@@ -14,6 +14,7 @@ from typing import Optional
 
 from otel_training.hardware.agent_lock import HostLock
 from otel_training.hardware.gauges import register_gauges
+from otel_training.hardware.names import GPU_GAUGES, HOST_GAUGES
 from otel_training.hardware.sampler import Sampler
 from otel_training.hardware.stats import Store
 
@@ -30,6 +31,10 @@ class HardwareMetrics:
     def __init__(self, sampler: Optional[Sampler] = None) -> None:
         self._sampler = sampler
         self._stopped = sampler is None
+
+    def _attach(self, sampler: Sampler) -> None:
+        self._sampler = sampler
+        self._stopped = False
 
     @property
     def active(self) -> bool:
@@ -70,11 +75,20 @@ def start_hardware_metrics(meter_provider, config, *, host_name: str,
         if not getattr(config, "hardware", True):
             return HardwareMetrics(None)
         store = Store()
+        meter = meter_provider.get_meter(METER_NAME)
+        handle = HardwareMetrics(None)
+
+        def active() -> bool:
+            return handle.active
+
+        def on_gpus() -> None:
+            # GPU gauges exist only where NVML found GPUs (fewer callbacks per export)
+            register_gauges(meter, store, active, GPU_GAUGES)
+
         sampler = Sampler(store, host_name, float(config.hardware_interval),
-                          lock=HostLock(lock_path), gpu=gpu)
-        handle = HardwareMetrics(sampler)
-        register_gauges(meter_provider.get_meter(METER_NAME), store,
-                        active=lambda: handle.active)
+                          lock=HostLock(lock_path), gpu=gpu, on_gpus=on_gpus)
+        handle._attach(sampler)
+        register_gauges(meter, store, active, HOST_GAUGES)
         if start:
             sampler.start()
         return handle

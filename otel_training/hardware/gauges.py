@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, List
+from typing import Callable, Iterable, List, Sequence
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -13,8 +13,9 @@ from otel_training.hardware.stats import Store
 _logger = logging.getLogger("otel_training.hardware")
 
 
-def register_gauges(meter: Meter, store: Store, active: Callable[[], bool]) -> List:
-    """Create every hardware gauge on ``meter``; series absent from the store are not reported."""
+def register_gauges(meter: Meter, store: Store, active: Callable[[], bool],
+                    names: Sequence[str]) -> List:
+    """Create these gauges on ``meter``; series absent from the store are not reported."""
     failed = set()
 
     def callback_for(name: str):
@@ -32,4 +33,4 @@ def register_gauges(meter: Meter, store: Store, active: Callable[[], bool]) -> L
 
     return [meter.create_observable_gauge(name, callbacks=[callback_for(name)], unit=unit,
                                           description=description)
-            for name, (unit, description) in GAUGES.items()]
+            for name, (unit, description) in ((n, GAUGES[n]) for n in names)]

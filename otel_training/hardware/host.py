@@ -8,6 +8,7 @@ interface) is dropped after one log line; its gauges are then absent.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Callable, Dict, Optional, Tuple
 
@@ -46,12 +47,41 @@ def _network() -> Optional[Tuple[float, float]]:
     return sent, recv
 
 
-def _disk() -> Optional[Tuple[float, float, float, float]]:
-    """(read ops, write ops, read bytes, write bytes) over whole disks (not partitions)."""
-    c = psutil.disk_io_counters(perdisk=False, nowrap=False)
-    if c is None:
-        return None
-    return c.read_count, c.write_count, c.read_bytes, c.write_bytes
+def _is_whole_disk(name: str) -> bool:
+    """A disk, not a partition: only disks have a /sys/block entry (as psutil and iostat test)."""
+    return os.path.exists("/sys/block/" + name.replace("/", "!"))
+
+
+class _Disks:
+    """(read ops, write ops, read bytes, write bytes) summed over whole disks.
+
+    psutil's own total (``perdisk=False``) tests every line of /proc/diskstats against
+    /sys/block on each call; device names are stable, so we test each name once.
+    """
+
+    def __init__(self) -> None:
+        self._whole: Dict[str, bool] = {}
+
+    def __call__(self) -> Optional[Tuple[float, float, float, float]]:
+        if not _LINUX:
+            c = psutil.disk_io_counters(perdisk=False, nowrap=False)
+            return None if c is None else (c.read_count, c.write_count, c.read_bytes,
+                                           c.write_bytes)
+        per_disk = psutil.disk_io_counters(perdisk=True, nowrap=False)
+        if not per_disk:
+            return None
+        reads = writes = rbytes = wbytes = 0
+        whole = self._whole
+        for name, c in per_disk.items():
+            is_disk = whole.get(name)
+            if is_disk is None:
+                is_disk = whole[name] = _is_whole_disk(name)
+            if is_disk:
+                reads += c.read_count
+                writes += c.write_count
+                rbytes += c.read_bytes
+                wbytes += c.write_bytes
+        return reads, writes, rbytes, wbytes
 
 
 class HostSource:
@@ -67,7 +97,7 @@ class HostSource:
                             attributes(**a, **{n.DISK_DIRECTION: "write"}))
         # source name -> reader; a source is removed for good when unavailable
         self._readers: Dict[str, Callable] = {
-            "cpu": _cpu, "memory": self._memory, "network": _network, "disk": _disk}
+            "cpu": _cpu, "memory": self._memory, "network": _network, "disk": _Disks()}
         self._gauges = {"cpu": (n.CPU_UTILIZATION,), "memory": (n.MEMORY_AVAILABLE,),
                         "network": (n.NETWORK_THROUGHPUT,),
                         "disk": (n.DISK_OPERATION_RATE, n.DISK_THROUGHPUT)}

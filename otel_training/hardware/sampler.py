@@ -25,7 +25,8 @@ class Sampler:
     def __init__(self, store: Store, host_name: str, interval: float, *,
                  lock: Optional[HostLock] = None, gpu: bool = True,
                  pid: Optional[int] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_gpus: Optional[Callable[[], None]] = None) -> None:
         self.store = store
         self.interval = interval
         self.host = HostSource(store, host_name)
@@ -40,13 +41,15 @@ class Sampler:
         self._closed = False
         self._close_lock = threading.Lock()
         self._failed_once = False
+        self._on_gpus = on_gpus
 
     def tick(self, now: Optional[float] = None) -> None:
         """Take one sample of every source this process is responsible for."""
         if not self._set_up:
             self._set_up = True
-            if self._want_gpu:
-                self.gpu.start()  # nvmlInit: on this thread, never the caller's
+            # nvmlInit: on this thread, never the caller's
+            if self._want_gpu and self.gpu.start() and self._on_gpus is not None:
+                self._on_gpus()
         now = self._clock() if now is None else now
         holder = self.lock.try_acquire()
         if holder and not self.is_host_sampler:
