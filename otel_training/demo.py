@@ -31,9 +31,9 @@ def _build(device: str, sample_delay: float, samples: int, workers: int, batch_s
             return torch.randn(3, 32, 32, generator=g), i % 10
 
     model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10),
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10),
     ).to(device)
     loader = DataLoader(SlowImages(), batch_size=batch_size, shuffle=True, num_workers=workers,
                         pin_memory=device.startswith("cuda"))
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=640, help="samples per epoch (default 640)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--sample-delay-ms", type=float, default=1.5,
-                        help="sleep per sample in the dataset, the planted bottleneck (default 1.5)")
+    parser.add_argument("--sample-delay-ms", type=float, default=3.0,
+                        help="sleep per sample in the dataset, the planted bottleneck (default 3)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader num_workers (default 0)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--export", action="store_true",
