@@ -144,6 +144,9 @@ class Pipeline:
         if device is not None:
             idle_ns, idle_by_rec = self._attribute_idle(step, host, device, top)
 
+        # The events timer switches on lazily, when the program starts using CUDA.
+        timing = self._timer.mode if device is not None else "off"
+        self.summary.timing = timing
         self.summary.add(mode, times[0], times[-1], phases_ns, idle_ns, step.batch_size)
 
         reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
@@ -154,7 +157,7 @@ class Pipeline:
             attrs[sc.ATTR_MODE] = mode
             attrs[sc.ATTR_UNTRACKED] = max(untracked, 0) / 1e9
             attrs[sc.ATTR_TRACE_REASON] = reason
-            attrs[sc.ATTR_TIMING] = self._timer.mode
+            attrs[sc.ATTR_TIMING] = timing
             if step.epoch is not None:
                 attrs[sc.ATTR_EPOCH] = step.epoch
             if step.batch_size is not None:
