@@ -1,0 +1,282 @@
+"""Static checks of the stack's files: compose, Collector configs, Grafana provisioning and
+dashboards, rules' annotations and runbooks. No binaries needed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.stack import promql as q
+from tests.stack.prom_translate import metric_name
+from tests.stack.promserver import ROOT
+
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COLLECTOR_VERSION = "0.147.0"
+# Component types of otel/opentelemetry-collector-contrib 0.147.0 used by our configs
+# (0.144.0 renamed the OTLP exporters to otlp_grpc / otlp_http).
+COMPONENTS = {
+    "receivers": {"otlp"},
+    "processors": {"memory_limiter", "batch"},
+    "exporters": {"otlp_grpc", "otlp_http", "debug"},
+    "extensions": {"health_check", "bearertokenauth"},
+}
+PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "barchart", "heatmap", "table", "alertlist"}
+PROM_UID, TEMPO_UID = "otel-training-prometheus", "otel-training-tempo"
+
+
+def _collector(name: str) -> dict:
+    return yaml.safe_load((ROOT / "collector-config" / name).read_text())
+
+
+def _datasources() -> list:
+    path = ROOT / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
+    return yaml.safe_load(path.read_text())["datasources"]
+
+
+# --- docker-compose.yml ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
+def test_images_are_pinned(name):
+    image = COMPOSE["services"][name]["image"]
+    repo, _, tag = image.rpartition(":")
+    assert repo and tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), image
+
+
+def test_expected_images_and_versions():
+    images = {s["image"].rpartition(":")[0]: s["image"].rpartition(":")[2]
+              for s in COMPOSE["services"].values()}
+    assert images["otel/opentelemetry-collector-contrib"] == COLLECTOR_VERSION
+    assert images["prom/prometheus"].startswith("v3.")
+    assert images["grafana/tempo"].startswith("2.")
+    assert "grafana/grafana" in images
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
+def test_ports_bound_to_loopback(name):
+    for port in COMPOSE["services"][name].get("ports", []):
+        assert str(port).startswith("127.0.0.1:"), f"{name}: {port}"
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
+def test_config_mounted_read_only(name):
+    for volume in COMPOSE["services"][name].get("volumes", []):
+        if volume.startswith("./"):
+            assert volume.endswith(":ro"), f"{name}: {volume}"
+            assert (ROOT / volume.split(":")[0]).exists(), volume
+
+
+def test_grafana_credentials_and_access():
+    env = COMPOSE["services"]["grafana"]["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:?set GRAFANA_ADMIN_PASSWORD}"
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def test_prometheus_flags_and_healthchecks():
+    prom = COMPOSE["services"]["prometheus"]
+    assert "--web.enable-otlp-receiver" in prom["command"]
+    assert "--enable-feature=exemplar-storage" in prom["command"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    for name in ("prometheus", "grafana"):
+        assert COMPOSE["services"][name]["healthcheck"]["test"][0] == "CMD"
+    assert COMPOSE["services"]["otel-collector"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+
+
+def test_tempo_volume_is_handed_to_its_user():
+    init, tempo = COMPOSE["services"]["tempo-init"], COMPOSE["services"]["tempo"]
+    assert init["command"][:3] == ["chown", "-R", "10001:10001"]
+    assert tempo["depends_on"]["tempo-init"]["condition"] == "service_completed_successfully"
+    assert "tempo-data:/var/tempo" in init["volumes"] and "tempo-data:/var/tempo" in tempo["volumes"]
+    assert tempo["user"] == "10001:10001"
+
+
+def test_mounted_files_match_commands():
+    col = COMPOSE["services"]["otel-collector"]
+    assert "--config=/etc/otelcol-contrib/config.yaml" in col["command"]
+    assert "./collector-config/config.yaml:/etc/otelcol-contrib/config.yaml:ro" in col["volumes"]
+    tempo = COMPOSE["services"]["tempo"]
+    assert "-config.file=/etc/tempo/tempo.yaml" in tempo["command"]
+    provider = yaml.safe_load((ROOT / "grafana/provisioning/dashboards/dashboards.yaml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert f"./grafana/dashboards:{path}:ro" in COMPOSE["services"]["grafana"]["volumes"]
+
+
+# --- Collector configs -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["config.yaml", "agent.yaml", "gateway.yaml"])
+def test_collector_pipelines_use_defined_components(name):
+    cfg = _collector(name)
+    service = cfg["service"]
+    for kind in ("receivers", "processors", "exporters", "extensions"):
+        for comp in cfg.get(kind, {}):
+            assert comp.split("/")[0] in COMPONENTS[kind], f"{kind}: {comp} unknown in {COLLECTOR_VERSION}"
+    for ext in service.get("extensions", []):
+        assert ext in cfg["extensions"]
+    used = {"receivers": set(), "processors": set(), "exporters": set()}
+    for pipeline, spec in service["pipelines"].items():
+        assert spec["processors"][0] == "memory_limiter", pipeline
+        assert "batch" in spec["processors"], pipeline
+        for kind in used:
+            for comp in spec.get(kind, []):
+                assert comp in cfg[kind], f"{pipeline}: {comp} is not defined"
+                used[kind].add(comp)
+    for kind in used:  # nothing defined and left unused
+        assert used[kind] == set(cfg.get(kind, {})), kind
+    assert "health_check" in service["extensions"]
+
+
+def test_stack_collector_exports_to_tempo_and_prometheus():
+    cfg = _collector("config.yaml")
+    assert cfg["exporters"]["otlp_http/prometheus"]["endpoint"] == "http://prometheus:9090/api/v1/otlp"
+    assert cfg["exporters"]["otlp_grpc/tempo"]["endpoint"] == "tempo:4317"
+    assert cfg["service"]["pipelines"]["traces"]["exporters"] == ["otlp_grpc/tempo"]
+    assert cfg["service"]["pipelines"]["metrics"]["exporters"] == ["otlp_http/prometheus"]
+    protocols = cfg["receivers"]["otlp"]["protocols"]
+    assert set(protocols) == {"grpc", "http"}
+
+
+def test_agent_and_gateway_use_tls_and_a_bearer_token():
+    agent, gateway = _collector("agent.yaml"), _collector("gateway.yaml")
+    exporter = agent["exporters"]["otlp_grpc/gateway"]
+    assert exporter["auth"]["authenticator"] in agent["service"]["extensions"]
+    assert exporter["tls"]["ca_file"] and not exporter["tls"].get("insecure")
+    grpc = gateway["receivers"]["otlp"]["protocols"]["grpc"]
+    assert grpc["tls"]["cert_file"] and grpc["tls"]["key_file"]
+    assert grpc["auth"]["authenticator"] in gateway["service"]["extensions"]
+    assert agent["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].startswith("127.0.0.1:")
+
+
+# --- Grafana -----------------------------------------------------------------------------
+
+def test_datasources_have_fixed_uids_and_cross_links():
+    by_uid = {d["uid"]: d for d in _datasources()}
+    assert set(by_uid) == {PROM_UID, TEMPO_UID}
+    dest = by_uid[PROM_UID]["jsonData"]["exemplarTraceIdDestinations"]
+    assert [(d["name"], d["datasourceUid"]) for d in dest] == [("trace_id", TEMPO_UID)]
+    t2m = by_uid[TEMPO_UID]["jsonData"]["tracesToMetrics"]
+    assert t2m["datasourceUid"] == PROM_UID
+    assert {"key": "training.run.id", "value": "training_run_id"} in t2m["tags"]
+    for query in t2m["queries"]:
+        assert "$$__tags" in query["query"]  # "$$": escaped from Grafana's env expansion
+
+
+@pytest.mark.parametrize("name", sorted(q.dashboards()))
+def test_dashboard_structure(name):
+    dash = q.dashboards()[name]
+    assert dash["uid"] == f"otel-training-{name}" and dash["id"] is None
+    ids = [p["id"] for p in q.panels(dash)]
+    assert len(ids) == len(set(ids))
+    defined = {v["name"] for v in q.variables(dash)}
+    used = set()
+    for panel in q.panels(dash):
+        assert panel["type"] in PANEL_TYPES, f"{panel['title']}: {panel['type']}"
+        if panel["type"] in ("row", "alertlist"):
+            continue
+        assert panel["datasource"]["uid"] == PROM_UID
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == PROM_UID
+            used |= q.used_variables(target["expr"])
+    for var in q.variables(dash):
+        assert var["datasource"]["uid"] == PROM_UID
+        q.label_values_call(q.variable_query(var))
+        used |= q.used_variables(q.variable_query(var))
+    assert used <= defined, used - defined
+    assert defined <= used | {"training_rank"}, defined - used
+
+
+def test_dashboard_variables():
+    names = {n: [v["name"] for v in q.variables(d)] for n, d in q.dashboards().items()}
+    assert names["training"] == ["job", "training_run_id", "host_name", "training_rank"]
+    assert names["hardware"] == ["job", "training_run_id", "host_name", "gpu_index"]
+    for dash in q.dashboards().values():
+        for var in q.variables(dash):
+            assert var["includeAll"] and var["allValue"] == ".*"
+
+
+def test_training_dashboard_panels():
+    dash = q.dashboards()["training"]
+    by_type = {}
+    for panel in q.panels(dash):
+        by_type.setdefault(panel["type"], []).append(panel)
+    assert {"timeseries", "stat", "bargauge", "heatmap", "table", "alertlist"} <= set(by_type)
+    (heatmap,) = by_type["heatmap"]
+    (target,) = heatmap["targets"]
+    assert target["exemplar"] and target["format"] == "heatmap"
+    assert "training_step_duration_seconds_bucket" in target["expr"]
+    exprs = " ".join(t["expr"] for _, t in q.panel_queries(dash))
+    assert 'training_phase_parent="step"' in exprs
+    for needle in ("training_samples", "training_steps", 'training_phase="untracked"',
+                   'training_phase="dataloader_next"', "training_gpu_idle", "training_rank"):
+        assert needle in exprs, needle
+    (alerts,) = by_type["alertlist"]
+    assert alerts["options"]["stateFilter"]["firing"]
+
+
+def _hardware_gauges() -> dict:
+    from otel_training.hardware.names import GAUGES
+
+    return {name: metric_name(name, unit, "gauge") for name, (unit, _) in GAUGES.items()}
+
+
+def test_hardware_dashboard_shows_every_hardware_gauge():
+    pytest.importorskip("otel_training.hardware.names")
+    exprs = " ".join(t["expr"] for _, t in q.panel_queries(q.dashboards()["hardware"]))
+    missing = [prom for prom in _hardware_gauges().values() if prom not in exprs]
+    assert not missing
+
+
+# --- names: only the contract's (plus recording rules and target_info) ---------------------
+
+def _contract_names() -> set:
+    text = (ROOT / "docs" / "telemetry.md").read_text()
+    names = set()
+    for cell in re.findall(r"\|\s*`([a-z_]+)`(?: \(`_bucket`, `_sum`, `_count`\))?\s*\|", text):
+        names.add(cell)
+    for base in [n for n in names if n.endswith("_seconds") or n.endswith("duration")]:
+        names |= {base + s for s in ("_bucket", "_sum", "_count")}
+    return names
+
+
+def test_dashboards_and_rules_use_only_contract_names():
+    recorded = {r["record"] for r in q.rules() if "record" in r}
+    allowed = _contract_names() | recorded | {"target_info"}
+    exprs = [t["expr"] for d in q.dashboards().values() for _, t in q.panel_queries(d)]
+    exprs += [r["expr"] for r in q.rules()]
+    exprs += [q.label_values_call(q.variable_query(v))[0]
+              for d in q.dashboards().values() for v in q.variables(d)]
+    for expr in exprs:
+        for sel in q.selectors(expr):
+            assert q.metric_name(sel) in allowed, f"{q.metric_name(sel)} in {expr}"
+
+
+# --- rules' annotations and runbooks ----------------------------------------------------------
+
+ALERTS = [r for r in q.rules() if "alert" in r]
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=[r["alert"] for r in ALERTS])
+def test_alert_annotations_and_runbook(rule):
+    assert rule["labels"]["severity"] in ("critical", "warning", "info")
+    ann = rule["annotations"]
+    assert ann["summary"].strip() and ann["description"].strip()
+    path, _, anchor = ann["runbook_url"].partition("#")
+    assert path == "docs/runbooks.md" and anchor == rule["alert"].lower()
+    headings = re.findall(r"^## (\S+)", (ROOT / "docs" / "runbooks.md").read_text(), re.M)
+    assert rule["alert"] in headings
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=[r["alert"] for r in ALERTS])
+def test_every_alert_has_firing_and_idle_unit_tests(rule):
+    fires = silent_idle = False
+    for path in sorted((ROOT / "prometheus" / "tests").glob("*.yml")):
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                if case["alertname"] != rule["alert"]:
+                    continue
+                fires |= bool(case.get("exp_alerts"))
+                silent_idle |= not case.get("exp_alerts") and "idle" in test["name"]
+    assert fires and silent_idle
