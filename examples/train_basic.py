@@ -9,6 +9,8 @@ a slow logging call in user code, so their cost can be seen in the telemetry.
 """
 
 import argparse
+import json
+import statistics
 import time
 
 import torch
@@ -16,16 +18,23 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 
+def _sleep(seconds: float) -> float:
+    start = time.perf_counter()
+    time.sleep(seconds)
+    return time.perf_counter() - start
+
+
 class Synthetic(Dataset):
     def __init__(self, n: int, delay_s: float, batch_size: int) -> None:
         self.n, self.delay_s, self.batch_size = n, delay_s, batch_size
+        self.slept = []  # seconds actually slept, to compare with the telemetry
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int):
         if i % self.batch_size == 0:  # one sleep per batch (sequential sampler)
-            time.sleep(self.delay_s)
+            self.slept.append(_sleep(self.delay_s))
         return torch.randn(32), i % 4
 
 
@@ -45,6 +54,7 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     data = Synthetic(args.steps * args.batch_size, args.batch_delay_ms / 1e3, args.batch_size)
     loader = DataLoader(data, batch_size=args.batch_size)
+    logged = []
     for _ in range(args.epochs):
         for x, y in loader:
             loss = loss_fn(model(x), y)
@@ -52,8 +62,11 @@ def main() -> None:
             loss.backward()
             opt.step()
             sched.step()
-            time.sleep(args.log_delay_ms / 1e3)  # a slow logger
+            logged.append(_sleep(args.log_delay_ms / 1e3))  # a slow logger
             _ = loss.item()
+    # The delays as they really happened (sleep overshoots on a busy machine).
+    print(json.dumps({"batch_delay_ms": statistics.median(data.slept) * 1e3,
+                      "log_delay_ms": statistics.median(logged) * 1e3}))
     print("done", flush=True)
 
 
