@@ -1,0 +1,120 @@
+"""What integrations need from the tracker: steps, named phases, error reporting.
+
+Every call is guarded: a failure inside telemetry is counted by the runtime's
+self-telemetry and never reaches the training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from otel_training import semconv as sc
+
+CALLBACK_PREFIX = "callback."
+
+
+def callback_phase(cls_name: str, hook: str) -> str:
+    """The phase name for one callback hook: ``callback.<Class>.<hook>``."""
+    return f"{CALLBACK_PREFIX}{cls_name}.{hook}"
+
+
+class Bridge:
+    """Thin, exception-safe access to the active Tracker for one framework driver."""
+
+    def __init__(self, provider: Callable[[], Any], driver: str) -> None:
+        self._provider = provider
+        self.driver = driver
+
+    def tracker(self) -> Optional[Any]:
+        try:
+            obj = self._provider()
+        except Exception:
+            return None
+        if obj is None:
+            return None
+        return getattr(obj, "tracker", obj)
+
+    def error(self, exc: BaseException) -> None:
+        try:
+            obj = self._provider()
+            on_error = getattr(obj, "on_error", None)
+            if on_error is not None:
+                on_error(f"integrations.{self.driver}", exc)
+        except Exception:  # pragma: no cover - nothing left to report to
+            pass
+
+    def start_step(self) -> None:
+        t = self.tracker()
+        if t is not None:
+            try:
+                t.start_step(driver=self.driver)
+            except Exception as exc:
+                self.error(exc)
+
+    def claim(self) -> None:
+        """Become the step driver without opening a step (DataLoader ``__next__``
+        then records waits only inside our steps instead of starting its own)."""
+        t = self.tracker()
+        if t is not None and t.step is None and hasattr(t, "driver"):
+            t.driver = self.driver
+
+    def finish_step(self, error: Optional[BaseException] = None) -> None:
+        t = self.tracker()
+        if t is not None and t.step is not None and t.driver == self.driver:
+            try:
+                t.finish_step(error)
+            except Exception as exc:
+                self.error(exc)
+
+    def discard_empty_step(self, require_forward: bool = False) -> None:
+        """End the open step, or drop it if nothing ran in it (no forward and no phase
+        but waiting; with ``require_forward``, no forward at all)."""
+        t = self.tracker()
+        step = getattr(t, "step", None)
+        if step is None or t.driver != self.driver:
+            return
+        try:
+            if not step.saw_forward and (require_forward or all(
+                    p.name == sc.PHASE_DATALOADER_NEXT for p in step.phases)):
+                t.discard_step()
+            else:
+                t.finish_step()
+        except Exception as exc:
+            self.error(exc)
+
+    def begin(self, name: str, auto: bool = False) -> bool:
+        """Open phase ``name``; True when it was opened (then call ``end``)."""
+        t = self.tracker()
+        if t is None or t.step is None:
+            return False
+        try:
+            if not t.on_training_thread():
+                return False
+            return bool(t.begin_phase(name, auto=auto) if auto else t.begin_phase(name))
+        except Exception as exc:
+            self.error(exc)
+            return False
+
+    def end(self, name: str) -> None:
+        t = self.tracker()
+        if t is not None:
+            try:
+                t.end_phase(name)
+            except Exception as exc:
+                self.error(exc)
+
+    def is_open(self, name: str) -> bool:
+        t = self.tracker()
+        step = getattr(t, "step", None)
+        if step is None:
+            return False
+        return any(p.name == name and p.end < 0 for p in step.phases)
+
+    def timed(self, name: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` inside phase ``name`` (when a step is open)."""
+        opened = self.begin(name)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if opened:
+                self.end(name)

@@ -1,0 +1,194 @@
+"""PyTorch Lightning integration: framework-driven steps, phases and callback timing.
+
+A tiny LightningModule runs on CPU under the real instrumentor with in-memory
+exporters; a deliberately slow callback must come out as the bottleneck, by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+import torch  # noqa: E402
+
+from otel_training.verdict import diagnose  # noqa: E402
+
+SLOW_S = 0.05
+SLOW = "callback.SlowLoggingCallback.on_train_batch_end"
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", module="lightning")
+
+
+class SlowLoggingCallback(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        time.sleep(SLOW_S)  # e.g. a synchronous upload of metrics
+
+
+class QuickCallback(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        pass
+
+
+class TinyModule(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader(n):
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(n, 16, generator=g), torch.randint(0, 2, (n,), generator=g))
+    return torch.utils.data.DataLoader(ds, batch_size=8)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _warm_up():
+    """One uninstrumented forward/backward first: torch's one-time start-up (autograd
+    threads, kernel dispatch caches) must not count as the model's compute."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: intra-op threads only add contention noise
+    m = TinyModule()
+    for _ in range(3):
+        x, y = next(iter(_loader(8)))
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _trainer(**kw):
+    return L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
+
+
+def test_lightning_steps_phases_and_slow_callback(instrumented):
+    tel = instrumented(integrations=("lightning",))
+    trainer = _trainer(callbacks=[SlowLoggingCallback(), QuickCallback()])
+    trainer.fit(TinyModule(), _loader(48), _loader(16))
+    tel.flush()
+    summary = tel.runtime.summary_dict()
+    steps = tel.steps()
+    train = [s for s in steps if s.mode == "train"]
+    evals = [s for s in steps if s.mode == "eval"]
+    assert len(train) == 6 and len(evals) == 2, steps
+
+    for s in train:
+        top = s.top_level()
+        # the fetch starts the step; batch_to_device, the hooks and the batch follow in order
+        assert top[0] == "dataloader_next", s
+        assert top.index("to_device") < top.index("train_batch") < top.index(SLOW), s
+        assert "callback.QuickCallback.on_train_batch_start" in top
+        (batch,) = s.named("train_batch")
+        kids = [c.name for c in s.children(batch)]
+        # forward/backward run inside optimizer.step(closure): they must not hide in optimizer_step
+        assert {"forward", "backward", "optimizer_step"} <= set(kids), s
+        assert all(s.parent_of(f).name == "train_batch" for f in s.named("forward"))
+        assert s.total(SLOW) >= SLOW_S * 0.9
+        assert s.attributes["training.batch_size"] == 8
+    for s in evals:
+        assert s.top_level()[0] == "dataloader_next" and "eval_batch" in s.top_level(), s
+        assert not any(n.startswith("callback.") for n in s.names())
+    # only overridden hooks become phases
+    names = {n for s in steps for n in s.names() if n.startswith("callback.")}
+    assert names == {SLOW, "callback.QuickCallback.on_train_batch_start"}
+
+    totals = tel.phase_totals(parent="step", mode="train")
+    assert totals[SLOW] >= 6 * SLOW_S * 0.9
+    assert max(totals, key=totals.get) == SLOW
+    findings = diagnose(summary)
+    assert findings[0].kind == "callback", findings
+    assert findings[0].title == "slow callback SlowLoggingCallback"
+    assert "SlowLoggingCallback.on_train_batch_end" in findings[0].detail
+
+    tel.uninstrument()
+    assert "start" not in vars(trainer.profiler)
+    assert type(vars(L.Trainer)["__init__"]).__name__ == "function"
+
+
+def test_lightning_module_hooks_and_loop_boundaries(instrumented):
+    class LoggingModule(TinyModule):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            time.sleep(0.01)
+
+        def on_train_epoch_end(self):
+            time.sleep(0.05)  # epoch-level work: must not land in a step
+
+    tel = instrumented(integrations=("lightning",))
+    _trainer(limit_val_batches=0).fit(LoggingModule(), _loader(24))
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train"] * 3
+    for s in steps:
+        assert "callback.LoggingModule.on_train_batch_end" in s.top_level()
+        assert "callback.LoggingModule.on_train_epoch_end" not in s.names()
+    assert steps[-1].duration < 0.05
+
+
+SCRIPT = r"""
+import os, time, torch, warnings, logging
+warnings.filterwarnings("ignore")
+torch.set_num_threads(1)
+w = torch.nn.Linear(8, 2)   # warm-up: torch's one-time start-up before we measure
+torch.nn.functional.cross_entropy(w(torch.randn(8, 8)), torch.randint(0, 2, (8,))).backward()
+import otel_training
+otel_training.instrument(configure_sdk=False)   # before lightning is imported
+import lightning.pytorch as L
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+class Slow(L.Callback):
+    def on_train_batch_end(self, *a):
+        time.sleep(0.05)
+class M(L.LightningModule):
+    def __init__(self):
+        super().__init__(); self.l = torch.nn.Linear(8, 2)
+    def training_step(self, b, i):
+        return torch.nn.functional.cross_entropy(self.l(b[0]), b[1])
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), 0.1)
+ds = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))
+m = M()
+L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[Slow()],
+          enable_progress_bar=False, enable_model_summary=False).fit(m, torch.utils.data.DataLoader(ds, batch_size=8))
+"""
+
+
+def test_lightning_imported_after_instrumentation(tmp_path):
+    """The post-import hook arms the integration; the report names the callback."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "s.json"), OTEL_TRAINING_HARDWARE="false",
+               OTEL_TRAINING_INTEGRATIONS="lightning", OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    phases = {p["name"]: p for p in summary["modes"]["train"]["phases"]}
+    assert summary["modes"]["train"]["steps"] == 4
+    assert phases["callback.Slow.on_train_batch_end"]["count"] == 4
+    out = subprocess.run([sys.executable, "-c", "import sys; from otel_training.report import main; "
+                          "sys.exit(main(sys.argv[1:]))", "--summary", str(tmp_path / "s.json")],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "callback.Slow.on_train_batch_end" in out.stdout
+    assert "verdict: slow callback Slow: Slow.on_train_batch_end takes" in out.stdout
