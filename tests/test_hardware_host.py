@@ -229,3 +229,16 @@ def test_hardware_off_registers_nothing(tmp_path):
     handle.collect_once()
     assert points(reader) == {}
     handle.shutdown()
+
+
+def test_cpu_counters_going_backwards_are_clamped(hw, monkeypatch):
+    handle, reader = hw
+    sampler = handle._sampler
+    c = Counters()
+    c.install(monkeypatch)
+    c.cpu = CpuTimes(1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    sampler.tick(now=0.0)
+    # 1 s on 2 cores, idle, but user time stepped back a little (seen on VMs): busy < 0
+    c.cpu = CpuTimes(0.99, 0, 0, 2.0, 0, 0, 0, 0, 0, 0)
+    sampler.tick(now=1.0)
+    assert points(reader)["system.cpu.utilization"][0][1] == 0.0  # present, clamped to 0

@@ -133,8 +133,10 @@ class HostSource:
             return  # first reading is the baseline
         then, old = previous
         if source == "cpu":
-            store.add_ratio(n.CPU_UTILIZATION, self._attrs,
-                            value[0] - old[0], value[1] - old[1])
+            total = value[1] - old[1]
+            # iowait may go backwards on Linux, so clamp busy as psutil.cpu_percent does
+            busy = min(max(value[0] - old[0], 0.0), total)
+            store.add_ratio(n.CPU_UTILIZATION, self._attrs, busy, total)
             return
         elapsed = now - then
         deltas = [new - prev for new, prev in zip(value, old)]
