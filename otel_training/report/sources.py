@@ -72,7 +72,8 @@ def finish_modes(modes: Dict[str, dict]) -> Dict[str, dict]:
 
 
 # ----------------------------------------------------------------------- summary files
-def _read_summary(path: str) -> dict:
+def read_summary(path: str) -> dict:
+    """One validated run-end summary file."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -101,7 +102,7 @@ def _read_summary(path: str) -> dict:
 
 def load_summaries(paths: List[str]) -> dict:
     """Merge one summary file per rank into a report."""
-    files = [(p, _read_summary(p)) for p in paths]
+    files = [(p, read_summary(p)) for p in paths]
     seen = {}
     for path, s in files:
         key = (s.get("run_id"), s.get("rank"), s.get("pid"), s.get("host"))
