@@ -23,13 +23,14 @@ FAKE_GPU_SITE = Path(__file__).resolve().parent / "fake_gpu_site"
 
 
 def available() -> bool:
-    """Whether the core package and the example are there to run."""
+    """Whether the core package, the example and the launchers are there to run."""
     try:
         import otel_training.distro  # noqa: F401
         import otel_training.instrumentor  # noqa: F401
     except ImportError:
         return False
-    return (ROOT / "examples" / "train_basic.py").exists() and (BIN / "opentelemetry-instrument").exists()
+    return all(path.exists() for path in (ROOT / "examples" / "train_basic.py",
+                                          BIN / "opentelemetry-instrument", BIN / "torchrun"))
 
 
 def run_training(endpoint: str, *, ranks: int = 2, steps: int = 60, timeout: float = 300) -> str:
