@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,distro,integrations"
-bash scripts/install-prometheus.sh
+# Real Prometheus + promtool for the stack tests. Offline, those tests skip with the
+# reason; under CI=true they fail instead, so CI never passes without them.
+bash scripts/install-prometheus.sh || echo "test.sh: could not install Prometheus; stack tests will skip (or fail in CI)" >&2
 export PATH="$PWD/.tools/bin:$PATH"
 exec .venv/bin/python -m pytest -q -rs "$@"
