@@ -248,7 +248,7 @@ def _compute_findings(share, phases, gpu, where, mode_name) -> List[Finding]:
     inner = max(kids.items(), key=lambda kv: kv[1]) if kids else None
     inner_txt = f"; {inner[0]} is the largest part ({_pct(inner[1])} of {batch})" if inner else ""
     advice = [
-        "use mixed precision: torch.autocast(device_type='cuda', dtype=torch.bfloat16)",
+        "use mixed precision: torch.autocast(device_type, dtype=torch.bfloat16)",
         "raise the batch size while GPU memory allows (scale the learning rate)",
         "try torch.compile(model), fused optimizers (fused=True) and channels_last for CNNs",
     ]

@@ -110,6 +110,7 @@ def test_split_timing_sweep_and_feed(data_module, capsys):
     assert r["best"]["num_workers"] == 2 and r["knee"]["false"]["workers"] == 2
     feed = r["feed"]
     assert feed["needed_samples_per_s"] == 8000 and feed["can_feed"] is False
+    assert feed["fewest_workers"] is None
     assert any("transform is" in a for a in r["advice"])
     # progress on stderr, one line per configuration
     assert "[1/2] num_workers=0 pin_memory=False" in err and "[2/2] num_workers=2" in err
@@ -121,6 +122,7 @@ def test_text_output_and_can_feed(data_module, capsys):
     assert code == 0 and err == ""
     assert "per sample (4 timed, one process): load" in out and "transform" in out
     assert "the loader CAN feed it" in out and "training needs 16.0 samples/s (0.50 steps/s x 32" in out
+    assert "num_workers=0 is the fewest that keeps up" in out
     assert "best:" in out and "num_workers=0" in out
 
 

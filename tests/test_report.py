@@ -173,6 +173,9 @@ def _openmetrics(t0: int, t1: int) -> str:
              "training_mode": "train"}
     add("training_step_duration_seconds_count", other, lambda t, i: i + 1.0)
     add("training_step_duration_seconds_sum", other, lambda t, i: 0.1 * (i + 1))
+    agent = {"job": "otel-training-agent", "instance": "a0", "host_name": "x", "hw_id": "GPU-x",
+             "gpu_index": "0", "hw_model": "Test GPU"}  # GPUs sampled outside the run
+    add("hw_gpu_utilization_ratio", agent, lambda t, i: 0.55)
     out = []
     for name, series in fams.items():
         out.append(f"# TYPE {name} {'gauge' if name.startswith('hw_') else 'unknown'}")
@@ -295,7 +298,10 @@ def test_prometheus_run_selection_errors(prometheus, capsys):
                               str(time.time() - 60))
     assert code == 2 and "no otel-training steps for run 'r1'" in err
     code, out, err = run_report(capsys, "--prometheus", url, "--run", "r2", "--json")
-    assert code == 0 and json.loads(out)["modes"]["train"]["steps"] > 0
+    rep = json.loads(out)
+    assert code == 0 and rep["modes"]["train"]["steps"] > 0
+    # no GPU series carry the run's labels: those of its hosts (the agent's) are used
+    assert [(g["host"], g["gpu"], round(g["mean"], 2)) for g in rep["gpus"]] == [("x", "GPU-x", 0.55)]
 
 
 # ------------------------------------------------------------------ error paths

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
     best = max(runs, key=lambda r: r["samples_per_s"])
     result = {"dataset": args.factory, "transform": args.transform, "batch_size": batch_size,
               "cpus": _cpus(), "samples": samples, "collate_ms": collate_ms, "runs": runs, "best": best,
-              "knee": knee(runs), "feed": feed_check(best, batch_size, step_rate, source)}
+              "knee": knee(runs), "feed": feed_check(runs, batch_size, step_rate, source)}
     result["advice"] = advice(result)
     return result
 
@@ -184,6 +184,8 @@ def render(r: dict) -> str:
         lines.append(f"feed: training needs {f['needed_samples_per_s']:.1f} samples/s ({f['step_rate']:.2f} steps/s "
                      f"x {r['batch_size']}, from {f['rate_source']}); the loader {verdict} feed it "
                      f"({f['headroom']:.2f}x)")
+        if f["fewest_workers"] is not None:
+            lines.append(f"feed: num_workers={f['fewest_workers']} is the fewest that keeps up")
     lines += [f"  - {a}" for a in r["advice"]]
     return "\n".join(lines)
 

@@ -189,13 +189,19 @@ def knee(runs: List[dict]) -> dict:
     return out
 
 
-def feed_check(best: dict, batch_size: int, step_rate: Optional[float], source: str) -> Optional[dict]:
+def feed_check(runs: List[dict], batch_size: int, step_rate: Optional[float], source: str) -> Optional[dict]:
+    """Can the best configuration deliver ``step_rate`` x ``batch_size`` samples/s, and
+    which is the cheapest one that does?"""
     if not step_rate:
         return None
     need = step_rate * batch_size
+    best = max(runs, key=lambda r: r["samples_per_s"])
+    enough = sorted((r for r in runs if r["samples_per_s"] >= need),
+                    key=lambda r: (r["num_workers"], r["pin_memory"]))
     return {"step_rate": step_rate, "rate_source": source, "needed_samples_per_s": need,
-            "best_samples_per_s": best["samples_per_s"], "can_feed": best["samples_per_s"] >= need,
-            "headroom": best["samples_per_s"] / need if need else None}
+            "best_samples_per_s": best["samples_per_s"], "can_feed": bool(enough),
+            "headroom": best["samples_per_s"] / need if need else None,
+            "fewest_workers": enough[0]["num_workers"] if enough else None}
 
 
 def rate_from_summary(path: str) -> tuple:

@@ -333,6 +333,9 @@ class PrometheusReport:
             if len(rows) == 1 and rows[0]["rank"] is None:
                 rows[0]["rank"] = 0
         gpus = self._gpus(sel)
+        hosts = sorted({r["host"] for rows in ranks.values() for r in rows if r.get("host")})
+        if not gpus and hosts:  # sampled by a process outside the run (otel-training agent)
+            gpus = self._gpus("host_name=~" + _quote("|".join(re.escape(h) for h in hosts)))
         utils = [g["mean"] for g in gpus]
         tel = {}
         for name, metric in (("spans_dropped", "training_telemetry_spans_dropped_total"),
