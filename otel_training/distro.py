@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from typing import MutableMapping
 
@@ -21,6 +22,15 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from otel_training.resource_info import run_id
 
 METRIC_EXPORT_INTERVAL_MS = "5000"  # 5 s: dashboards see a step-time change quickly
+# What this distro generated, as "<pid> key=value,...": a child process that inherits
+# it (torchrun workers, multiprocessing spawn children) gets its own service.instance.id,
+# and the torchrun run id in place of one its launcher made up.
+_GENERATED = "_OTEL_TRAINING_GENERATED_RESOURCE"
+
+# No exporter timeout is set here: the Python OTLP exporters read OTEL_EXPORTER_OTLP_TIMEOUT
+# in seconds where the specification says milliseconds, so any value we chose would
+# mean 1000x something else on an SDK that follows the specification. Exit is bounded
+# by OTEL_TRAINING_SHUTDOWN_TIMEOUT instead (see docs/reliability.md).
 
 
 def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
@@ -31,7 +41,8 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
     environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", METRIC_EXPORT_INTERVAL_MS)
     # Exemplars link histogram buckets to the traces of sampled steps.
     environ.setdefault("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based")
-    attrs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    original = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    attrs = _drop_inherited(original, environ)
     present = {kv.split("=", 1)[0].strip() for kv in attrs.split(",") if "=" in kv}
     extra = []
     if "service.instance.id" not in present:
@@ -41,13 +52,81 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
     if "training.run.id" not in present:
         extra.append(f"training.run.id={run_id()}")
     if extra:
-        environ["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(([attrs] if attrs.strip() else []) + extra)
+        attrs = ",".join(([attrs] if attrs.strip() else []) + extra)
+        mine = [kv for kv in extra if not kv.startswith("host.name=")]
+        environ[_GENERATED] = f"{os.getpid()} " + ",".join(mine)
+    if attrs != original:
+        environ["OTEL_RESOURCE_ATTRIBUTES"] = attrs
+
+
+def _drop_inherited(attrs: str, environ: MutableMapping[str, str]) -> str:
+    """Remove resource attributes a parent process's distro generated that must not be
+    shared: its ``service.instance.id`` (one per process), and its ``training.run.id``
+    when torchrun names the run. Values the user set are never touched."""
+    pid, _, generated = environ.get(_GENERATED, "").partition(" ")
+    if not generated or pid == str(os.getpid()):
+        return attrs
+    drop = set()
+    for kv in generated.split(","):
+        key, _, value = kv.partition("=")
+        if key == "service.instance.id":
+            drop.add((key, value))
+        elif key == "training.run.id" and environ.get("TORCHELASTIC_RUN_ID", value) != value:
+            drop.add((key, value))
+    kept = [kv for kv in attrs.split(",")
+            if (kv.split("=", 1)[0].strip(), kv.split("=", 1)[-1].strip()) not in drop]
+    return ",".join(kept)
+
+
+def _prepare_process(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Under ``opentelemetry-instrument`` every Python process runs this, helpers included.
+
+    The multiprocessing forkserver and resource tracker export nothing; and a malformed
+    ``OTEL_TRAINING_*`` value stops the run with one line, before anything starts.
+    """
+    from otel_training.config import ConfigError, load_config
+    from otel_training.export_guard import ROLE_HELPER, multiprocessing_role
+
+    if multiprocessing_role() == ROLE_HELPER:
+        for var in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
+            environ[var] = "none"
+        return
+    try:
+        load_config(environ)
+    except ConfigError as exc:
+        stop_on_config_error(exc)
+
+
+def _in_sitecustomize() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "sitecustomize":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def stop_on_config_error(exc: BaseException) -> None:
+    """Print the one line that names the variable and what it accepts, then stop (status 2).
+
+    Under ``opentelemetry-instrument`` this runs inside ``sitecustomize``, where
+    ``SystemExit`` makes Python report a fatal error with a traceback: leave with
+    ``os._exit`` there (nothing has started yet); elsewhere raise ``SystemExit``.
+    """
+    print(f"otel-training: {exc}", file=sys.stderr, flush=True)
+    if _in_sitecustomize():
+        try:
+            sys.stdout.flush()
+        finally:
+            os._exit(2)
+    raise SystemExit(2)
 
 
 class TrainingDistro(BaseDistro):
     """``opentelemetry_distro`` entry point: sensible defaults for training jobs."""
 
     def _configure(self, **kwargs):
+        _prepare_process()
         apply_defaults()
 
 

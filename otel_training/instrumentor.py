@@ -8,7 +8,6 @@ entry point, or called directly::
 
 from __future__ import annotations
 
-import sys
 from typing import Collection
 
 from opentelemetry import metrics, trace
@@ -31,8 +30,9 @@ class TrainingInstrumentor(BaseInstrumentor):
             config = kwargs.get("config") or load_config()
         except ConfigError as exc:
             # One clear line, then stop: a silently ignored setting is worse.
-            print(f"otel-training: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            from otel_training.distro import stop_on_config_error
+
+            stop_on_config_error(exc)
         if not config.enabled:
             return
         from otel_training.runtime import Runtime

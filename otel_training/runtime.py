@@ -9,14 +9,18 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import threading
+import time
+import weakref
 from typing import Any, Optional
 
 from otel_training import semconv as sc
 from otel_training.capture import TailCapture
 from otel_training.config import Config
 from otel_training.emit.metrics import StepMetrics
+from otel_training.export_guard import ROLE_HELPER, ROLE_SPAWN, ExportGuard, multiprocessing_role
 from otel_training.pipeline import Pipeline
 from otel_training.resource_info import process_info, run_id
 from otel_training.selftelemetry import SelfTelemetry
@@ -26,6 +30,23 @@ from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
 _CURRENT: Optional["Runtime"] = None
+_NOBODY = -1  # a thread ident no thread has: the tracker ignores every hook
+
+
+def _after_fork_in_child(ref) -> None:
+    runtime = ref()
+    if runtime is not None:
+        runtime.disable_in_child("fork")
+
+
+def _ending_exception(final: bool) -> Optional[BaseException]:
+    """The exception that is ending the run, if any: the one being handled, or -- at
+    interpreter exit, not in an interactive session -- the uncaught one Python
+    reported (``sys.last_value``), e.g. from an optimizer step, which no hook wraps."""
+    exc = sys.exc_info()[1]
+    if exc is None and final and not hasattr(sys, "ps1") and not sys.flags.interactive:
+        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return None if isinstance(exc, SystemExit) else exc
 
 
 def current() -> Optional["Runtime"]:
@@ -52,6 +73,8 @@ class Runtime:
         tracer = tracer_provider.get_tracer(sc.SCOPE, __version__)
         meter = meter_provider.get_meter(sc.SCOPE, __version__)
         common = self.info.metric_attributes()
+        self._meter = meter
+        self._common = common
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         summary_info = {
@@ -72,8 +95,12 @@ class Runtime:
         self._handles: list = []
         self._patcher = None
         self.hardware = None
+        self.guard: Optional[ExportGuard] = None
+        self.active = False
+        self.role = multiprocessing_role()
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
+        self._previous_sigterm: Any = None
 
     # -- wiring -------------------------------------------------------------------------
     def _on_step(self, step) -> None:
@@ -86,6 +113,10 @@ class Runtime:
         self.telemetry.internal_error(component, exc)
 
     def install(self) -> None:
+        if self.role == ROLE_HELPER:
+            # The forkserver or the resource tracker: nothing to time, nothing to export.
+            self._closed = True
+            return
         from otel_training.hooks.modules import RootModuleHooks
         from otel_training.hooks.patching import Patcher
         from otel_training.hooks.torch_hooks import install_torch_hooks
@@ -95,6 +126,11 @@ class Runtime:
         self.module_hooks.arm()
         self._handles = install_torch_hooks(self.tracker, self._patcher, self.on_error)
         self.pipeline.start()
+        try:
+            self.guard = ExportGuard(self.telemetry).attach(self.tracer_provider, self.meter_provider)
+            self.telemetry.register(self._meter, self._common)
+        except Exception as exc:
+            self.on_error("export_guard", exc)
         if self.config.hardware:
             try:
                 from otel_training.hardware import start_hardware_metrics
@@ -105,11 +141,81 @@ class Runtime:
                 self.on_error("hardware", exc)
         global _CURRENT
         _CURRENT = self
+        self.active = True
         atexit.register(self.shutdown)
+        self._install_process_handlers()
+
+    def _install_process_handlers(self) -> None:
+        """Fork, spawn and SIGTERM: workers stay silent, a terminated job still flushes."""
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=lambda ref=weakref.ref(self): _after_fork_in_child(ref))
+        if self.role == ROLE_SPAWN:
+            # A spawned child ran sitecustomize like its parent; only once the process
+            # object arrives do we learn whether it is a DataLoader worker.
+            try:
+                import multiprocessing.process as mp_process
+
+                self._patcher.wrap(mp_process.BaseProcess, "run", self._process_run_wrapper)
+            except Exception as exc:
+                self.on_error("workers", exc)
+        try:
+            if (threading.current_thread() is threading.main_thread()
+                    and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+                self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
+            self.on_error("signals", exc)
+
+    def _process_run_wrapper(self, wrapped, instance, args, kwargs):
+        target = getattr(instance, "_target", None)
+        if (getattr(target, "__name__", None) == "_worker_loop"
+                and getattr(target, "__module__", "").startswith("torch.utils.data")):
+            try:
+                self.disable_in_child("dataloader worker")
+            except Exception as exc:  # pragma: no cover
+                self.on_error("workers", exc)
+        return wrapped(*args, **kwargs)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        """Flush within the shutdown budget, then die of SIGTERM as if we were not here."""
+        try:
+            self.shutdown(final=True)
+        except Exception:  # pragma: no cover - never stand between a job and its exit
+            pass
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except Exception:  # pragma: no cover
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def disable_in_child(self, why: str) -> None:
+        """This process is a forked child or a DataLoader worker: no hooks fire, no
+        summary is printed, no export leaves it, and our threads and the SDK's stop."""
+        with self._lock:
+            self._closed = True
+        self.active = False
+        global _CURRENT
+        if _CURRENT is self:
+            _CURRENT = None
+        tracker = self.tracker
+        tracker.thread = _NOBODY
+        tracker.step = None
+        pipeline = self.pipeline
+        pipeline._queue.clear()
+        pipeline._stop = True
+        forked = why == "fork"
+        if self.guard is not None:
+            self.guard.silence(join_timeout=0.0 if forked else 0.5)
+        if self.hardware is not None and not forked:
+            # A spawned worker started its own sampler; a forked one has no thread (and
+            # must not shut down NVML or the lock file it inherited).
+            try:
+                self.hardware.shutdown(0.5)
+            except Exception as exc:
+                self.on_error("hardware", exc)
 
     def uninstall(self) -> None:
         """Remove every hook and patch (exact restore); telemetry so far is flushed."""
-        self.shutdown()
+        self.shutdown(final=False)
         if self.module_hooks is not None:
             self.module_hooks.remove()
         for handle in self._handles:
@@ -117,6 +223,15 @@ class Runtime:
         self._handles = []
         if self._patcher is not None:
             self._patcher.undo()
+        if self.guard is not None:
+            self.guard.detach()
+        try:
+            if (threading.current_thread() is threading.main_thread()
+                    and signal.getsignal(signal.SIGTERM) == self._on_sigterm):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # pragma: no cover
+            pass
+        self.active = False
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
@@ -129,25 +244,61 @@ class Runtime:
     def summary_dict(self) -> dict:
         return self.pipeline.summary.to_dict(self.telemetry.as_dict())
 
-    def shutdown(self) -> None:
-        """End the open step, flush the pipeline (bounded), print/write the summary."""
+    def shutdown(self, final: bool = True) -> None:
+        """End the open step, flush everything within ``OTEL_TRAINING_SHUTDOWN_TIMEOUT``,
+        print/write the summary.
+
+        ``final`` (at exit, on SIGTERM) also shuts the tracer and meter providers down
+        within the same budget, so the SDK's own exit handlers have nothing left to wait
+        for; ``uninstall()`` passes ``final=False`` and leaves the providers running.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        started = time.monotonic()
+        budget = self.config.shutdown_timeout
+        deadline = started + budget
+
+        def left(share: float = 1.0) -> float:
+            return max(0.0, (deadline - time.monotonic()) * share)
+
         try:
             if self.tracker.step is not None:
-                exc = sys.exc_info()[1] if sys.exc_info()[0] not in (None, SystemExit) else None
-                self.tracker.finish_step(exc)
+                self.tracker.finish_step(_ending_exception(final))
         except Exception as exc:
             self.on_error("shutdown", exc)
-        budget = self.config.shutdown_timeout
-        self.pipeline.stop(budget * 0.5)
+        try:
+            self.pipeline.stop(left(0.4))
+            try:
+                self.timer.close()
+            except Exception as exc:
+                self.on_error("device_timing", exc)
+        except Exception as exc:
+            self.on_error("shutdown", exc)
         if self.hardware is not None:
             try:
-                self.hardware.shutdown(min(1.0, budget * 0.25))
+                self.hardware.shutdown(min(1.0, left(0.25)))
             except Exception as exc:
                 self.on_error("hardware", exc)
+        guard = self.guard
+        if guard is not None and not guard.silenced:
+            try:
+                # Leave a quarter of the budget for giving up cleanly and shutting down.
+                if not guard.flush(left(0.75)) and final:
+                    guard.abort()  # interrupts the exporters' retry backoff
+                    guard.flush(min(0.2, left(0.3)))  # lets the aborted exports count
+                    self.telemetry.drop_spans(guard.discard_pending())
+            except Exception as exc:
+                self.on_error("shutdown", exc)
+        self._report()
+        if final and guard is not None and not guard.silenced:
+            try:
+                guard.shutdown_providers(max(0.05, left()))
+            except Exception as exc:
+                self.on_error("shutdown", exc)
+
+    def _report(self) -> None:
         try:
             summary = self.summary_dict()
             if self.config.summary and summary["modes"]:
@@ -156,6 +307,6 @@ class Runtime:
                 write(summary, self.config.summary_file)
         except OSError as exc:
             print(f"otel-training: cannot write {self.config.summary_file!r} "
-                  f"(OTEL_TRAINING_SUMMARY_FILE): {exc.strerror}", file=sys.stderr)
+                  f"(OTEL_TRAINING_SUMMARY_FILE): {exc.strerror}", file=sys.stderr, flush=True)
         except Exception as exc:
             self.on_error("summary", exc)

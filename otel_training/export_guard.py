@@ -1,0 +1,410 @@
+"""Guard the OpenTelemetry SDK's export path: count what is lost, bound what blocks.
+
+The SDK configured by ``opentelemetry-instrument`` (or handed to ``instrument()``)
+exports on its own threads: a ``BatchSpanProcessor`` worker and a
+``PeriodicExportingMetricReader`` ticker. We never replace them; we attach to them:
+
+* each span and metric exporter's ``export`` is wrapped (an instance attribute, so
+  the exporter object stays the same) to count failed exports and the spans they
+  carried (``training.telemetry.export.failures``, ``training.telemetry.spans.dropped``);
+* each batch span processor's queue-drop hook is wrapped to count spans refused by a
+  full queue;
+* ``flush``/``shutdown`` run the SDK's blocking calls on a helper thread and wait at
+  most a given time: the OTLP exporters retry with backoff for up to their timeout
+  (10 s by default) and ``BatchSpanProcessor.force_flush`` ignores its timeout, so an
+  unreachable Collector must never hold a finished job;
+* ``abort`` shuts the exporters down, which interrupts a retry backoff at once (the
+  OTLP exporters wait on their shutdown event) and closes the gRPC channel;
+* ``silence`` (in a forked child or a DataLoader worker) makes every export a no-op
+  and stops the SDK's threads there, so workers never export the parent's state again.
+
+It also tells which processes are multiprocessing helpers (see ``multiprocessing_role``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+from otel_training.selftelemetry import COMPONENT_METRICS, COMPONENT_TRACES
+
+logger = logging.getLogger("otel_training")
+
+_MISSING = object()
+
+ROLE_SPAWN = "spawn"  # a multiprocessing "spawn" child: a DataLoader worker or a rank
+ROLE_HELPER = "helper"  # the forkserver or the resource tracker: never instrumented
+
+
+def multiprocessing_role(argv: Optional[Sequence[str]] = None) -> Optional[str]:
+    """What multiprocessing started this interpreter as, from its command line.
+
+    ``spawn`` children run ``-c 'from multiprocessing.spawn import spawn_main; ...'
+    --multiprocessing-fork``; the forkserver and the resource tracker run
+    ``-c 'from multiprocessing.forkserver import main; ...'`` /
+    ``'from multiprocessing.resource_tracker import main; ...'``. Each runs
+    ``sitecustomize`` (so ``opentelemetry-instrument``) again.
+    """
+    if argv is None:
+        argv = getattr(sys, "orig_argv", None) or sys.argv
+    argv = list(argv)
+    code = ""
+    if "-c" in argv:
+        i = argv.index("-c")
+        code = argv[i + 1] if i + 1 < len(argv) else ""
+    if "multiprocessing.spawn" in code or "--multiprocessing-fork" in argv:
+        return ROLE_SPAWN
+    if code.lstrip().startswith("from multiprocessing."):
+        return ROLE_HELPER
+    return None
+
+
+# The OTLP exporters log "Transient error ... retrying in N s" on the exporting thread
+# just before sleeping in their backoff: seen there, a flush at exit gives up at once
+# instead of waiting out the backoff (without it, the time budget still bounds it).
+_RETRY_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
+                  "opentelemetry.exporter.otlp.common.http")
+
+
+class _RetryWatch(logging.Filter):
+    def __init__(self, guard: "ExportGuard") -> None:
+        super().__init__()
+        self.guard = guard
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if isinstance(msg, str) and "retrying in" in msg:
+            self.guard.backing_off.add(threading.get_ident())
+        return True
+
+
+def _name(result: Any) -> str:
+    return getattr(result, "name", "") or ""
+
+
+def _span_processors(tracer_provider) -> list:
+    multi = getattr(tracer_provider, "_active_span_processor", None)
+    found = list(getattr(multi, "_span_processors", ()) or ())
+    out = []
+    while found:  # processors may nest (a multi processor added as a processor)
+        sp = found.pop(0)
+        inner = getattr(sp, "_span_processors", None)
+        if inner:
+            found.extend(inner)
+        else:
+            out.append(sp)
+    return out
+
+
+def _metric_readers(meter_provider) -> list:
+    readers = getattr(meter_provider, "_metric_readers", None)
+    if readers is None:
+        readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", ())
+    return list(readers or ())
+
+
+def _set_event_in_child(event) -> None:
+    """``event.set()`` after a fork, never blocking on a lock another thread held."""
+    cond = getattr(event, "_cond", None)
+    try:
+        if cond is None or cond.acquire(True, 0.05):
+            if cond is not None:
+                cond.release()
+            event.set()
+    except Exception:  # pragma: no cover - best effort
+        pass
+
+
+class _CountingQueueMetrics:
+    """Stands in for a batch processor's internal metrics: counts queue drops."""
+
+    def __init__(self, inner: Any, on_drop: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._on_drop = on_drop
+
+    def register_queue_size(self, get_queue_size) -> None:
+        return self._inner.register_queue_size(get_queue_size)
+
+    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+        try:
+            self._on_drop(count)
+        finally:
+            self._inner.drop_items(count, error_type)
+
+    def finish_items(self, count: int) -> None:
+        return self._inner.finish_items(count)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ExportGuard:
+    """Attached to one tracer provider and one meter provider (either may be absent)."""
+
+    def __init__(self, telemetry) -> None:
+        self.telemetry = telemetry
+        self.tracer_provider = None
+        self.meter_provider = None
+        self._undo: List[Callable[[], None]] = []
+        self._span_exporters: list = []
+        self._metric_exporters: list = []
+        self._batch_processors: list = []  # the SDK's BatchProcessor objects (span queues)
+        self._readers: list = []
+        self.silenced = False
+        self.aborted = False
+        self.backing_off: set = set()  # idents of threads inside an export's retry backoff
+        self._pid = os.getpid()
+
+    # -- attaching -------------------------------------------------------------------------
+    def attach(self, tracer_provider, meter_provider) -> "ExportGuard":
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        for sp in _span_processors(tracer_provider):
+            batch = getattr(sp, "_batch_processor", None)
+            exporter = getattr(batch, "_exporter", None) if batch is not None else None
+            if exporter is None:
+                exporter = getattr(sp, "span_exporter", None)
+            if exporter is not None:
+                self._wrap_exporter(exporter, COMPONENT_TRACES)
+            if batch is not None and hasattr(batch, "_queue"):
+                self._batch_processors.append(batch)
+                metrics = getattr(batch, "_metrics", None)
+                if metrics is not None and not isinstance(metrics, _CountingQueueMetrics):
+                    batch._metrics = _CountingQueueMetrics(metrics, self.telemetry.drop_spans)
+                    self._undo.append(lambda b=batch, m=metrics: setattr(b, "_metrics", m))
+        for reader in _metric_readers(meter_provider):
+            self._readers.append(reader)
+            exporter = getattr(reader, "_exporter", None)
+            if exporter is not None:
+                self._wrap_exporter(exporter, COMPONENT_METRICS)
+        watch = _RetryWatch(self)
+        for name in _RETRY_LOGGERS:
+            log = logging.getLogger(name)
+            log.addFilter(watch)
+            self._undo.append(lambda log=log: log.removeFilter(watch))
+        return self
+
+    def _wrap_exporter(self, exporter, component: str) -> None:
+        if getattr(exporter, "_otel_training_guard", None) is not None:
+            return  # already guarded (another runtime in this process)
+        original_export = exporter.export
+        original_shutdown = getattr(exporter, "shutdown", None)
+        had_export = "export" in vars(exporter)
+        had_shutdown = "shutdown" in vars(exporter)
+        guard = self
+        spans = component == COMPONENT_TRACES
+        state = {"shut": False}
+
+        def export(batch, *args, **kwargs):
+            if guard.silenced or guard._pid != os.getpid():
+                return _success(component)
+            if guard.aborted:  # after our bounded shutdown gave up: fail fast, quietly
+                guard._failed(component, batch if spans else None)
+                return _failure(component)
+            try:
+                result = original_export(batch, *args, **kwargs)
+            except Exception:
+                guard._failed(component, batch if spans else None)
+                raise
+            finally:
+                guard.backing_off.discard(threading.get_ident())
+            if _name(result) == "FAILURE":
+                guard._failed(component, batch if spans else None)
+            return result
+
+        def shutdown(*args, **kwargs):
+            if state["shut"]:
+                return None  # the SDK shuts down what we already shut: no warning
+            state["shut"] = True
+            if original_shutdown is not None:
+                return original_shutdown(*args, **kwargs)
+            return None
+
+        exporter.export = export
+        exporter._otel_training_guard = self
+        if original_shutdown is not None:
+            exporter.shutdown = shutdown
+        (self._span_exporters if spans else self._metric_exporters).append(exporter)
+
+        def undo(e=exporter) -> None:
+            for name, had in (("export", had_export), ("shutdown", had_shutdown),
+                              ("_otel_training_guard", False)):
+                if not had:
+                    try:
+                        delattr(e, name)
+                    except AttributeError:
+                        pass
+            if had_export:
+                e.export = original_export
+            if had_shutdown and original_shutdown is not None:
+                e.shutdown = original_shutdown
+
+        self._undo.append(undo)
+
+    def _failed(self, component: str, batch) -> None:
+        try:
+            count = len(batch) if batch is not None else 0
+        except TypeError:
+            count = 0
+        self.telemetry.export_failed(component, count)
+
+    def detach(self) -> None:
+        """Put every exporter and processor back exactly as it was."""
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception as exc:  # pragma: no cover
+                self.telemetry.internal_error("export_guard", exc)
+        self._span_exporters = []
+        self._metric_exporters = []
+        self._batch_processors = []
+        self._readers = []
+
+    # -- bounded operations ------------------------------------------------------------------
+    def pending_spans(self) -> int:
+        """Spans still waiting in the SDK's span queues."""
+        return sum(len(getattr(b, "_queue", ())) for b in self._batch_processors)
+
+    def discard_pending(self) -> int:
+        """Empty the span queues (after ``abort`` nothing will send them); returns how
+        many spans were there, for the caller to count as dropped."""
+        count = 0
+        for batch in self._batch_processors:
+            queue = getattr(batch, "_queue", None)
+            while queue:
+                try:
+                    queue.pop()
+                except IndexError:
+                    break
+                count += 1
+        return count
+
+    def flush(self, timeout: float) -> bool:
+        """Force-flush both providers, waiting at most ``timeout`` s; True if done.
+
+        Gives up early (False) once an export is waiting to retry: the Collector
+        refused it, and its backoff (1 s, 2 s, ...) would outlast any exit budget."""
+        calls = []
+        if self.tracer_provider is not None and hasattr(self.tracer_provider, "force_flush"):
+            calls.append(lambda: self.tracer_provider.force_flush(int(max(timeout, 0.001) * 1000)))
+        if self.meter_provider is not None and hasattr(self.meter_provider, "force_flush"):
+            calls.append(lambda: self.meter_provider.force_flush(max(timeout, 0.001) * 1000))
+        return _bounded(calls, timeout, "flush", give_up=lambda: bool(self.backing_off))
+
+    def abort(self) -> None:
+        """Give up on the Collector: interrupt retries, fail every later export at once."""
+        self.aborted = True
+        for exporter in self._span_exporters + self._metric_exporters:
+            try:
+                exporter.shutdown()  # our wrapper: the SDK's later call is a quiet no-op
+            except Exception as exc:
+                self.telemetry.internal_error("export_guard", exc)
+
+    def shutdown_providers(self, timeout: float) -> bool:
+        """Shut both providers down within ``timeout`` s, then make sure nothing at
+        interpreter exit waits on them again (their own ``atexit`` handlers)."""
+        calls = []
+        tp, mp = self.tracer_provider, self.meter_provider
+        if tp is not None and hasattr(tp, "shutdown"):
+            calls.append(tp.shutdown)
+        if mp is not None and hasattr(mp, "shutdown"):
+            calls.append(lambda: mp.shutdown(timeout_millis=max(timeout, 0.001) * 1000))
+        done = _bounded(calls, timeout, "shutdown")
+        if not done:
+            self.abort()
+        import atexit
+
+        for provider in (tp, mp):
+            if provider is None:
+                continue
+            try:
+                atexit.unregister(provider.shutdown)
+            except Exception:  # pragma: no cover
+                pass
+        return done
+
+    # -- workers ---------------------------------------------------------------------------
+    def silence(self, join_timeout: float = 0.0) -> None:
+        """In a forked child or a DataLoader worker: no export ever leaves this process,
+        and the SDK's export threads here stop (after a fork the SDK restarts them)."""
+        self.silenced = True
+        threads = []
+        for batch in self._batch_processors:
+            try:
+                batch._queue.clear()
+                batch._shutdown = True
+                _set_event_in_child(batch._worker_awaken)
+                threads.append(getattr(batch, "_worker_thread", None))
+            except Exception:  # pragma: no cover - SDK internals changed
+                pass
+        for reader in self._readers:
+            try:
+                event = getattr(reader, "_shutdown_event", None)
+                if event is not None:
+                    _set_event_in_child(event)
+                threads.append(getattr(reader, "_daemon_thread", None))
+            except Exception:  # pragma: no cover
+                pass
+        if join_timeout > 0:
+            deadline = time.monotonic() + join_timeout
+            for thread in threads:
+                if thread is not None and thread is not threading.current_thread():
+                    try:
+                        thread.join(max(0.0, deadline - time.monotonic()))
+                    except RuntimeError:  # never started
+                        pass
+
+
+def _success(component: str):
+    if component == COMPONENT_TRACES:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.SUCCESS
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    return MetricExportResult.SUCCESS
+
+
+def _failure(component: str):
+    if component == COMPONENT_TRACES:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.FAILURE
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    return MetricExportResult.FAILURE
+
+
+def _bounded(calls: list, timeout: float, what: str,
+             give_up: Optional[Callable[[], bool]] = None) -> bool:
+    """Run each of ``calls`` on its own daemon thread (traces and metrics side by side);
+    wait at most ``timeout`` seconds for all of them, or until ``give_up()``. True if
+    all finished."""
+    if not calls:
+        return True
+    deadline = time.monotonic() + max(0.0, timeout)
+    events = []
+    for i, call in enumerate(calls):
+        done = threading.Event()
+
+        def run(call=call, done=done) -> None:
+            try:
+                call()
+            except Exception as exc:  # the SDK raises when a reader failed
+                logger.debug("otel-training: %s: %r", what, exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"otel-training-{what}-{i}", daemon=True).start()
+        events.append(done)
+    for done in events:
+        while not done.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (give_up is not None and give_up()):
+                return False
+            done.wait(min(remaining, 0.01))
+    return True

@@ -1,0 +1,165 @@
+"""Bounded shutdown (issue 6, item 1), in process: an unreachable or stuck Collector never
+holds the end of a run longer than ``OTEL_TRAINING_SHUTDOWN_TIMEOUT``, what could not be
+sent is counted, and SIGTERM runs the same bounded shutdown before the process dies.
+The end-to-end checks (real processes, exit latency, signals) are in
+tests/test_reliability_unreachable.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import otel_training
+from otel_training.config import load_config
+from otel_training.instrumentor import TrainingInstrumentor
+from tests.otlp_receiver import free_port
+
+BUDGET = 1.0
+CONFIG = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,
+                             gpu_timing="off", summary=False, integrations=(), shutdown_timeout=BUDGET)
+
+
+class BlackholeExporter(SpanExporter):
+    """An export that never returns and ignores shutdown (a Collector that accepts the
+    connection and never answers)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+
+    def export(self, spans):
+        self.entered.set()
+        threading.Event().wait(60)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def _train(steps: int = 5) -> None:
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        with otel_training.step():
+            loss = model(torch.randn(4, 8)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+@pytest.fixture
+def run():
+    made = []
+
+    def start(tp, mp, **overrides):
+        inst = TrainingInstrumentor()
+        inst.instrument(tracer_provider=tp, meter_provider=mp, config=dataclasses.replace(CONFIG, **overrides))
+        made.append(inst)
+        from otel_training.runtime import current
+
+        return current()
+
+    yield start
+    for inst in made:
+        if inst.is_instrumented_by_opentelemetry:
+            inst.uninstrument()
+
+
+def _closed_endpoint() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_unreachable_collector_shutdown_within_budget_and_counts_losses(run):
+    endpoint = _closed_endpoint()
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint, insecure=True),
+                                           export_interval_millis=60_000)
+    mp = MeterProvider(metric_readers=[reader])
+    rt = run(tp, mp)
+    _train(5)
+    started = time.monotonic()
+    rt.shutdown(final=True)
+    took = time.monotonic() - started
+    assert took <= BUDGET + 0.3, f"shutdown took {took:.2f} s with a {BUDGET} s budget"
+    tel = rt.telemetry.as_dict()
+    assert tel["export_failures"] >= 1
+    assert tel["spans_dropped"] == rt.telemetry.spans_created > 0  # every span lost, every one counted
+    # The SDK's own exit handlers have nothing left to wait for.
+    started = time.monotonic()
+    tp.shutdown()
+    mp.shutdown(timeout_millis=100)
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_collector_that_never_answers_cannot_hold_shutdown(run):
+    exporter = BlackholeExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=10))
+    rt = run(tp, MeterProvider())
+    _train(3)
+    assert rt.pipeline.flush(5)
+    assert exporter.entered.wait(5)  # the SDK's worker is now stuck in export
+    started = time.monotonic()
+    rt.shutdown(final=True)
+    took = time.monotonic() - started
+    assert took <= BUDGET + 0.3, f"shutdown took {took:.2f} s with a {BUDGET} s budget"
+
+
+def test_uninstrument_flushes_but_leaves_the_providers_running(run):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=60_000))
+    run(tp, MeterProvider())
+    _train(2)
+    otel_training.uninstrument()
+    assert exporter.get_finished_spans()  # flushed by uninstrument
+    tp.get_tracer("user").start_span("after").end()
+    tp.force_flush()
+    assert exporter.get_finished_spans()[-1].name == "after"  # still running
+    tp.shutdown()
+
+
+def test_sigterm_handler_is_installed_only_over_the_default_and_removed_on_uninstrument(run):
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    rt = run(TracerProvider(), MeterProvider())
+    assert signal.getsignal(signal.SIGTERM) == rt._on_sigterm
+    otel_training.uninstrument()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_user_sigterm_handler_is_left_alone(run):
+    def user_handler(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, user_handler)
+    try:
+        run(TracerProvider(), MeterProvider())
+        assert signal.getsignal(signal.SIGTERM) is user_handler
+        otel_training.uninstrument()
+        assert signal.getsignal(signal.SIGTERM) is user_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_runs_the_bounded_shutdown_then_the_default_action(run, monkeypatch):
+    rt = run(TracerProvider(), MeterProvider())
+    _train(2)
+    kills = []
+    monkeypatch.setattr("os.kill", lambda pid, sig: kills.append((sig, signal.getsignal(signal.SIGTERM))))
+    rt._on_sigterm(signal.SIGTERM, None)
+    assert rt._closed  # shut down (summary written, telemetry flushed)
+    assert kills == [(signal.SIGTERM, signal.SIG_DFL)]  # then die of SIGTERM, as without us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,86 @@
+"""A Collector that is not there (issue 6, item 1): real training processes under
+``opentelemetry-instrument`` exporting to a closed port on loopback exit promptly
+after training -- normally, on SIGTERM and on Ctrl-C -- and say what was lost.
+
+The exit bound is generous (3 s; our budget is OTEL_TRAINING_SHUTDOWN_TIMEOUT=2 s and
+torch's own teardown takes a good part of a second on a busy machine). The wall-time
+comparison with an uninstrumented run is in benchmarks/unreachable_collector.py."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.otlp_receiver import OTLPReceiver, data_points, free_port
+from tests.scripts.harness import Run, instrumented, otel_env, run
+
+pytestmark = pytest.mark.slow
+
+EXIT_BOUND_S = 3.0
+
+
+@pytest.fixture
+def dead_endpoint():
+    return f"http://127.0.0.1:{free_port()}"  # a closed port: connection refused
+
+
+def _env(endpoint, tmp_path, **extra):
+    return otel_env(endpoint, tmp_path, OTEL_TRAINING_SUMMARY="true", OTEL_TRAINING_TRACE_EVERY_N="1",
+                    **extra)
+
+
+def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, tmp_path):
+    r = run(instrumented("train_loop.py", "--steps", "60"), _env(dead_endpoint, tmp_path))
+    assert r.proc.returncode == 0, r.stderr
+    steps = int(r.marker("TRAINING_END")[2])
+    assert steps == 60
+    latency = r.exit_latency()
+    assert latency <= EXIT_BOUND_S, f"exited {latency:.2f} s after training ended\n{r.stderr}"
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "otel-training: train — 60 steps" in r.stderr  # the summary still comes out
+    problems = [ln for ln in r.stderr_lines() if "telemetry problems:" in ln]
+    assert len(problems) == 1 and "export_failures=" in problems[0] and "spans_dropped=" in problems[0]
+
+
+def test_sigterm_flushes_within_the_budget_then_dies_of_sigterm(dead_endpoint, tmp_path):
+    r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
+            _env(dead_endpoint, tmp_path))
+    r.wait_for_line("READY")
+    sent = __import__("time").time()
+    r.proc.send_signal(signal.SIGTERM)
+    rc = r.wait(30)
+    took = r.exited_at - sent
+    assert rc == -signal.SIGTERM, (rc, r.stderr)  # the default action, as without us
+    assert took <= EXIT_BOUND_S, f"exited {took:.2f} s after SIGTERM\n{r.stderr}"
+    assert "otel-training: train —" in r.stderr  # our bounded shutdown ran first
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_ctrl_c_exits_promptly(dead_endpoint, tmp_path):
+    r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
+            _env(dead_endpoint, tmp_path))
+    r.wait_for_line("READY")
+    sent = __import__("time").time()
+    r.proc.send_signal(signal.SIGINT)
+    rc = r.wait(30)
+    took = r.exited_at - sent
+    assert rc in (-signal.SIGINT, 1), (rc, r.stderr)  # KeyboardInterrupt, as without us
+    assert took <= EXIT_BOUND_S, f"exited {took:.2f} s after SIGINT\n{r.stderr}"
+    assert "KeyboardInterrupt" in r.stderr  # the user's traceback, unchanged
+    assert "otel-training: train —" in r.stderr
+
+
+def test_sigterm_flushes_what_was_measured_to_a_live_collector(tmp_path):
+    with OTLPReceiver() as receiver:
+        r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "8", "--sleep-ms", "5"),
+                _env(receiver.endpoint, tmp_path, OTEL_METRIC_EXPORT_INTERVAL="60000",
+                     OTEL_BSP_SCHEDULE_DELAY="60000"))
+        r.wait_for_line("READY")
+        r.proc.send_signal(signal.SIGTERM)
+        assert r.wait(30) == -signal.SIGTERM, r.stderr
+        # Nothing was exported on a schedule (60 s): all of it came from the SIGTERM flush.
+        steps = [p.as_int for _, m in receiver.metrics() if m.name == "training.steps"
+                 for p in data_points(m)]
+        assert steps and max(steps) >= 8
+        assert any(s.name == "step" for _, s in receiver.spans())

@@ -1,0 +1,204 @@
+"""DataLoader workers and other child processes (issue 6, item 4).
+
+Forked children inherit our hooks and the SDK's state -- and the SDK restarts its
+export threads after a fork -- while spawned children (and the forkserver) run
+``sitecustomize``, so ``opentelemetry-instrument``, all over again. Either way a worker
+must not sample, export, or time anything: no threads of ours or the SDK's, no second
+copy of the parent's series (same resource, stale values), no errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+
+import pytest
+import torch
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_training
+from otel_training.config import load_config
+from otel_training.export_guard import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
+from otel_training.instrumentor import TrainingInstrumentor
+from tests.otlp_receiver import OTLPReceiver, attributes, data_points
+from tests.scripts.harness import instrumented, otel_env, run
+
+EPOCHS = 2
+BATCHES = 6
+
+
+@pytest.mark.parametrize("argv, role", [
+    (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+      "--multiprocessing-fork"], ROLE_SPAWN),
+    (["-c", "--multiprocessing-fork"], ROLE_SPAWN),  # sys.argv of a spawn child (no orig_argv)
+    (["python", "-c", "from multiprocessing.forkserver import main; main(3, 4, ['__main__'], **{})"], ROLE_HELPER),
+    (["python", "-c", "from multiprocessing.resource_tracker import main;main(6)"], ROLE_HELPER),
+    (["python", "train.py", "--epochs", "2"], None),
+    (["python", "-c", "print('multiprocessing.spawn')"], ROLE_SPAWN),  # conservative: mentions it
+    (["python", "-m", "torch.distributed.run", "train.py"], None),
+])
+def test_multiprocessing_roles(argv, role):
+    assert multiprocessing_role(argv) == role
+
+
+class CountingMetricExporter(MetricExporter):
+    """Counts exports; a forked child reports its count through a pipe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+        self.calls += 1
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_forked_child_is_silent_and_hook_free():
+    spans = InMemorySpanExporter()
+    metrics = CountingMetricExporter()
+    tp = TracerProvider()
+    bsp = BatchSpanProcessor(spans, schedule_delay_millis=50)
+    tp.add_span_processor(bsp)
+    reader = PeriodicExportingMetricReader(metrics, export_interval_millis=50)
+    mp = MeterProvider(metric_readers=[reader])
+    config = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,
+                                 gpu_timing="off", integrations=())
+    inst = TrainingInstrumentor()
+    inst.instrument(tracer_provider=tp, meter_provider=mp, config=config)
+    try:
+        from otel_training import runtime
+
+        rt = runtime.current()
+        model = torch.nn.Linear(4, 2)
+        for _ in range(3):
+            with otel_training.step():
+                model(torch.randn(2, 4)).sum().backward()
+        assert rt.pipeline.flush(5)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running any exit handler
+            try:
+                exports_before = metrics.calls
+                spans_before = len(spans.get_finished_spans())
+                with otel_training.step():  # the manual API and hooks are inert here
+                    model(torch.randn(2, 4)).sum().backward()
+                tp.get_tracer("user").start_span("in-child").end()
+                time.sleep(0.5)  # several export intervals
+                report = {
+                    "current": runtime.current() is not None,
+                    "step_open": rt.tracker.step is not None,
+                    # Ours, and the export threads of the providers we are attached to
+                    # (other tests' leftover providers restart theirs too).
+                    "threads": sorted(
+                        [t.name for t in threading.enumerate() if t.name.startswith("otel-training")]
+                        + [t.name for t in (bsp._batch_processor._worker_thread, reader._daemon_thread)
+                           if t.is_alive()]),
+                    "metric_exports": metrics.calls - exports_before,
+                    "spans_exported": len(spans.get_finished_spans()) - spans_before,
+                    "silenced": rt.guard.silenced,
+                }
+                os.write(write, json.dumps(report).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read) as fh:
+            report = json.loads(fh.read())
+        assert status == 0
+        assert report == {"current": False, "step_open": False, "threads": [], "metric_exports": 0,
+                          "spans_exported": 0, "silenced": True}
+        # The parent goes on as before.
+        assert runtime.current() is rt and not rt.guard.silenced
+        before = metrics.calls
+        with otel_training.step():
+            model(torch.randn(2, 4)).sum().backward()
+        time.sleep(0.3)
+        assert metrics.calls > before
+    finally:
+        inst.uninstrument()
+        tp.shutdown()
+        mp.shutdown()
+
+
+@pytest.mark.slow
+def test_dataloader_workers_with_fork_spawn_and_forkserver(tmp_path):
+    """One instrumented process, three loaders: fork (2 workers, re-forked each epoch),
+    spawn (1 persistent worker) and forkserver (1 worker)."""
+    report = tmp_path / "workers"
+    report.mkdir()
+    summary_file = tmp_path / "summary.json"
+    with OTLPReceiver() as receiver:
+        env = otel_env(receiver.endpoint, tmp_path, OTEL_METRIC_EXPORT_INTERVAL="500",
+                       OTEL_BSP_SCHEDULE_DELAY="200", OTEL_TRAINING_TRACE_EVERY_N="1",
+                       OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000", OTEL_TRAINING_SUMMARY_FILE=str(summary_file))
+        r = run(instrumented("train_workers.py", "--start-methods", "fork:2,spawn:1,forkserver:1",
+                             "--epochs", str(EPOCHS), "--batches", str(BATCHES), "--report", str(report)),
+                env, timeout=240)
+        assert r.proc.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        steps = int(r.marker("STEPS")[0])
+        parent = int(r.marker("STEPS")[2])
+        assert steps == 3 * EPOCHS * BATCHES
+        receiver.wait_for(lambda rc: any(m.name == "training.steps" for _, m in rc.metrics()))
+        metrics = receiver.metrics()
+        traced = receiver.spans()
+
+    # Inside every worker: nothing of ours runs.
+    workers = [json.loads(p.read_text()) for p in sorted(report.iterdir())]
+    by_method = {}
+    for w in workers:
+        by_method.setdefault(w["method"], set()).add(w["pid"])
+        assert w["threads"] == [], w
+        assert not w["otel_training_active"], w
+    assert len(by_method["fork"]) == 2 * EPOCHS  # re-forked every epoch
+    assert len(by_method["spawn"]) == 1  # persistent across both epochs
+    assert len(by_method["forkserver"]) == EPOCHS
+    assert all(w["ppid"] == parent for w in workers if w["method"] != "forkserver")
+
+    # Outside: one process's series only, complete and monotone.
+    instances = {res.get("service.instance.id") for res, _ in metrics} | {
+        res.get("service.instance.id") for res, _ in traced}
+    assert len(instances) == 1, f"series from {len(instances)} processes: {instances}"
+    counts = [p.as_int for _, m in metrics if m.name == "training.steps" for p in data_points(m)]
+    assert counts == sorted(counts) and counts[-1] == steps
+    assert len([s for _, s in traced if s.name == "step"]) == steps
+    pids = {attributes(p.attributes).get("process.pid") for _, m in metrics for p in data_points(m)} - {None}
+    assert pids <= {parent}
+    telemetry = json.loads(summary_file.read_text())["telemetry"]
+    assert telemetry == {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pin-memory threads need an accelerator")
+def test_pin_memory_thread_with_workers(tmp_path):
+    report = tmp_path / "workers"
+    report.mkdir()
+    summary_file = tmp_path / "summary.json"
+    with OTLPReceiver() as receiver:
+        env = otel_env(receiver.endpoint, tmp_path, OTEL_TRAINING_TRACE_EVERY_N="1",
+                       OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000", OTEL_TRAINING_SUMMARY_FILE=str(summary_file))
+        r = run(instrumented("train_workers.py", "--start-methods", "fork:2,spawn:1", "--pin-memory",
+                             "--epochs", str(EPOCHS), "--batches", str(BATCHES), "--report", str(report)),
+                env, timeout=240)
+        assert r.proc.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        steps = int(r.marker("STEPS")[0])
+        receiver.wait_for(lambda rc: len([s for _, s in rc.spans() if s.name == "step"]) >= steps)
+        assert len([s for _, s in receiver.spans() if s.name == "step"]) == steps
+    for p in report.iterdir():
+        w = json.loads(p.read_text())
+        assert w["threads"] == [] and not w["otel_training_active"], w
+    assert json.loads(summary_file.read_text())["telemetry"]["errors"] == 0
