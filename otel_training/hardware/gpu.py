@@ -112,7 +112,7 @@ class GpuSource:
             count = pynvml.nvmlDeviceGetCount()
         except Exception as exc:
             _logger.info("no GPU metrics: cannot count GPUs (%s)", _describe(exc))
-            count = 0
+            count = -1
         for i in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)

@@ -10,7 +10,7 @@ turns into a fake zero.
 from __future__ import annotations
 
 import threading
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 Attributes = Tuple[Tuple[str, object], ...]  # sorted, hashable
 
@@ -114,7 +114,3 @@ class Store:
                 if value is not None:
                     out.append((dict(attrs), value))
         return out
-
-    def names(self) -> Iterator[str]:
-        with self._lock:
-            return iter([n for n, s in self._series.items() if s])
