@@ -44,6 +44,11 @@ class phase(contextlib.ContextDecorator):
         self.name = name
         self._opened = False
 
+    def _recreate_cm(self):
+        # As a decorator, each call gets its own instance: the open/closed state
+        # must not be shared by recursive calls or calls from other threads.
+        return type(self)(self.name)
+
     def __enter__(self):
         rt = _runtime.current()
         self._opened = False

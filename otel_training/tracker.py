@@ -20,6 +20,8 @@ _CHILDREN = frozenset(sc.BATCH_CHILDREN)
 
 DRIVER_NONE = "none"  # no step source seen yet: implicit steps at forward
 DRIVER_DATALOADER = "dataloader"
+DRIVER_MANUAL = "manual"
+_MAIN_THREAD = threading.main_thread().ident
 
 
 class Tracker:
@@ -34,6 +36,8 @@ class Tracker:
         self._batch: Optional[PhaseRecord] = None  # open container, if any
         self._batch_end = -1  # mark of the container's last child end
         self._to_device_from = -1  # mark where a pending to_device window began
+        self._step_root: Any = None  # the first root module called in the step
+        self._optimizers: List[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
         self.driver = DRIVER_NONE
         self.thread: Optional[int] = None  # the training thread's ident
         self._next_index = 0
@@ -46,12 +50,17 @@ class Tracker:
         step.marks.append(self._clock())
         return len(step.marks) - 1
 
-    def on_training_thread(self) -> bool:
-        """True on the thread we track; binds to the first thread that asks."""
+    def on_training_thread(self, bind: bool = False) -> bool:
+        """True on the thread we track. Until one is known, the main thread is it;
+        another thread becomes it only through compute (``bind``: a forward, a
+        backward, an optimizer step) -- not by iterating a DataLoader, which a
+        prefetch thread may do first."""
         ident = threading.get_ident()
         if self.thread is None:
-            self.thread = ident
-            return True
+            if bind or ident == _MAIN_THREAD:
+                self.thread = ident
+                return True
+            return False
         return ident == self.thread
 
     def _new_step(self, source: Any = None, epoch: Optional[int] = None) -> StepTimeline:
@@ -62,12 +71,20 @@ class Tracker:
         self._batch = None
         self._batch_end = -1
         self._to_device_from = -1
+        self._step_root = None
+        self._optimizers = []
         step.grad_enabled = _grad_enabled()
         return step
 
     # ------------------------------------------------------------------ steps
-    def start_step(self, driver: str = "manual", source: Any = None, epoch: Optional[int] = None) -> None:
+    def start_step(self, driver: str = DRIVER_MANUAL, source: Any = None, epoch: Optional[int] = None) -> None:
         """Begin a step now, ending any open one at the same instant."""
+        step = self.step
+        if (driver == DRIVER_MANUAL and step is not None and self.driver == DRIVER_DATALOADER
+                and not _has_work(step)):
+            # ``for batch in loader: with step():`` -- the DataLoader wait that opened
+            # a step before the manual one took over is no step of its own.
+            self.discard_step()
         self.driver = driver
         self.thread = threading.get_ident()
         token = self._timer.mark()
@@ -99,6 +116,7 @@ class Tracker:
         self.step = None
         self._stack = []
         self._batch = None
+        self._optimizers = []
         self._sink(step)
 
     def discard_step(self) -> None:
@@ -107,8 +125,11 @@ class Tracker:
         self.step = None
         self._stack = []
         self._batch = None
-        if step is not None and hasattr(self._timer, "release"):
-            self._timer.release(step.tokens)
+        if step is not None:
+            if step.index == self._next_index - 1:
+                self._next_index -= 1  # step indices stay contiguous
+            if hasattr(self._timer, "release"):
+                self._timer.release(step.tokens)
 
     def set_step_attributes(self, **attrs: Any) -> None:
         if self.step is not None:
@@ -170,6 +191,15 @@ class Tracker:
             self._batch_end = end
 
     # ---------------------------------------------------------- hook entry points
+    def loader_iter_begin(self) -> tuple:
+        """``DataLoader.__iter__`` entered: a new loop ends the open step (unless a
+        manual ``step()`` drives). Returns the instant, ``(token, ns)``, from which
+        the loop's first step counts (so worker start-up lands in its first wait)."""
+        token, now = self._timer.mark(), self._clock()
+        if self.step is not None and self.driver != DRIVER_MANUAL:
+            self._close(token, now)
+        return token, now
+
     def loader_next_begin(self, iterator: Any, started_at: Optional[tuple] = None) -> bool:
         """A DataLoader iterator's ``__next__`` was entered; True if recording."""
         if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
@@ -179,12 +209,11 @@ class Tracker:
         if not new:  # zip(loader_a, loader_b): same step, another wait
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         self.driver = DRIVER_DATALOADER
+        token, now = self._timer.mark(), self._clock()
         if step is not None:
-            self._close(self._timer.mark(), self._clock())
-        if started_at is not None:  # the iterator's start-up (workers) counts
+            self._close(token, now)  # the next step begins where this one ends
+        elif started_at is not None:  # the iterator's start-up (workers) counts
             token, now = started_at
-        else:
-            token, now = self._timer.mark(), self._clock()
         step = self._new_step(iterator, getattr(iterator, "_otel_epoch", None))
         step.tokens.append(token)
         step.marks.append(now)
@@ -211,17 +240,33 @@ class Tracker:
         else:
             self.end_phase(sc.PHASE_DATALOADER_NEXT)
 
-    def forward_begin(self) -> None:
+    def forward_begin(self, root: Any = None) -> None:
+        """A root module's forward began (``root``: that module)."""
         step = self.step
-        if self.driver == DRIVER_NONE and (
-            step is None or step.saw_optimizer or (step.saw_forward and not step.saw_backward)
-        ):
-            self.start_step(DRIVER_NONE)  # loops without a DataLoader: implicit steps
-            step = self.step
+        fresh = False
         if step is None:
-            return
+            # No step open: a loop without a DataLoader (or code after a DataLoader
+            # loop ended) -- steps are implicit, delimited by forwards. Inside a
+            # manual step() loop, time outside step() belongs to no step.
+            if self.driver == DRIVER_MANUAL:
+                return
+            self.start_step(DRIVER_NONE)
+            step, fresh = self.step, True
+        elif self.driver == DRIVER_NONE and (
+            step.saw_optimizer or (not step.saw_backward and root is not None and root is self._step_root)
+        ):
+            # After an optimizer step, or when the step's first model runs again
+            # without a backward in between (eval): the next implicit step.
+            self.start_step(DRIVER_NONE)
+            step, fresh = self.step, True
+        if self._step_root is None:
+            self._step_root = root
         pending = self._to_device_from
-        if pending >= 0 and not self._stack:
+        if fresh:  # an implicit step begins with this forward
+            batch = self._open(_BATCH, True, 0)
+            self._batch = batch
+            self._open(sc.PHASE_FORWARD, True, 0)
+        elif pending >= 0 and not self._stack:
             rec = PhaseRecord(sc.PHASE_TO_DEVICE, sc.SPAN_STEP, pending, True)
             rec.end = self._mark()
             step.phases.append(rec)
@@ -245,11 +290,59 @@ class Tracker:
         self.step.saw_backward = True
         return self.begin_phase(sc.PHASE_BACKWARD, auto=True)
 
-    def optimizer_begin(self) -> bool:
+    def optimizer_begin(self) -> Optional[PhaseRecord]:
+        """An optimizer step began (``Optimizer.step`` or ``GradScaler.step``): the
+        record opened, or None when not recording / nested in another auto phase."""
+        step = self.step
+        if step is None:
+            return None
+        step.saw_optimizer = True
+        return self._stack[-1] if self.begin_phase(sc.PHASE_OPTIMIZER_STEP, auto=True) else None
+
+    def optimizer_pre(self, optimizer: Any, frame: Any = None) -> None:
+        """torch's global optimizer step pre-hook; pairs with ``optimizer_post``.
+        ``frame``: the frame running that ``Optimizer.step`` (the hook's caller)."""
         if self.step is None:
-            return False
-        self.step.saw_optimizer = True
-        return self.begin_phase(sc.PHASE_OPTIMIZER_STEP, auto=True)
+            return
+        pending = self._optimizers
+        if pending and frame is not None:
+            # A step that raised never runs its post-hooks: its frame is gone from
+            # the stack. Close what it left open (a nested step's frame is live).
+            live = set()
+            f = frame
+            while f is not None:
+                live.add(id(f))
+                f = f.f_back
+            while pending and pending[-1][2] is not None and id(pending[-1][2]) not in live:
+                self.end_record(pending.pop()[1])
+        pending.append((optimizer, self.optimizer_begin(), frame))
+
+    def optimizer_post(self, optimizer: Any) -> None:
+        """Close the phase this optimizer's pre-hook opened, if any (an optimizer that
+        steps an inner one must not end the outer phase early)."""
+        pending = self._optimizers
+        for i in range(len(pending) - 1, -1, -1):
+            if pending[i][0] is optimizer:
+                rec = pending[i][1]
+                del pending[i:]
+                self.end_record(rec)
+                return
+
+    def end_record(self, rec: Optional[PhaseRecord]) -> None:
+        """Close exactly ``rec`` (and anything still open inside it)."""
+        if rec is None or rec.end >= 0 or self.step is None:
+            return
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is rec:
+                break
+        else:
+            return
+        end = self._mark()
+        while len(stack) > i:
+            stack.pop().end = end
+        if rec.name in _CHILDREN and self._batch is not None:
+            self._batch_end = end
 
 
 def _has_work(step: StepTimeline) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 from typing import Any, Dict, Optional, Sequence
 
 from opentelemetry import trace
@@ -12,6 +14,44 @@ from otel_training import semconv as sc
 
 _ROOT_CONTEXT = Context()
 
+try:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+except ImportError:  # pragma: no cover - API only
+    RandomIdGenerator = None
+
+
+if RandomIdGenerator is not None:
+    class _PrivateRandomIdGenerator(RandomIdGenerator):
+        """The SDK's random ids, from a generator of our own: training scripts reseed
+        the global ``random`` (and torch.compile restores its state), which would
+        repeat the SDK's default ids -- traces merged, the same ids on every rank."""
+
+        def __init__(self) -> None:
+            self._random = random.Random()
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=self._random.seed)
+
+        def generate_span_id(self) -> int:
+            span_id = self._random.getrandbits(64)
+            while span_id == trace.INVALID_SPAN_ID:
+                span_id = self._random.getrandbits(64)
+            return span_id
+
+        def generate_trace_id(self) -> int:
+            trace_id = self._random.getrandbits(128)
+            while trace_id == trace.INVALID_TRACE_ID:
+                trace_id = self._random.getrandbits(128)
+            return trace_id
+
+    _PRIVATE_IDS = _PrivateRandomIdGenerator()
+
+
+def _private_ids(tracer) -> None:
+    """Give our own tracer (scope ``otel_training``) private random ids; a custom
+    id generator configured by the user is kept."""
+    if RandomIdGenerator is not None and type(getattr(tracer, "id_generator", None)) is RandomIdGenerator:
+        tracer.id_generator = _PRIVATE_IDS
+
 
 def emit_step_spans(tracer, step, batch_name: str, times: Sequence[int], host: Sequence[int],
                     device: Optional[Sequence[Optional[int]]], offset: int,
@@ -19,6 +59,7 @@ def emit_step_spans(tracer, step, batch_name: str, times: Sequence[int], host: S
     """Create the root ``step`` span and one child per phase record; returns the
     (ended) root span. ``times`` are the marks to use (GPU-synchronized when the
     device is observed) on the perf_counter scale; ``offset`` maps them to epoch ns."""
+    _private_ids(tracer)
     root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset,
                              attributes=attributes)
     contexts = {}

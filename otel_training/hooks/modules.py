@@ -5,6 +5,13 @@ no root forward is running is a root (the model, a loss module, a DDP or
 ``torch.compile`` wrapper). Roots get instance hooks; the global hook is then
 removed, so per-step cost does not grow with the number of submodules. It is
 re-armed after a step that saw no root forward (a new model appeared).
+
+Compiled modules: the discovery hook is lifted while a compiled module runs, so
+dynamo never sees (nor guards on, nor warns about) it -- no recompile when it is
+removed after the first step. ``torch.compile(module)`` wrappers are made roots as
+they are called; a ``module.compile()``'d module runs its hooks inside the
+compiled code, where they cannot time anything, so its compiled call is wrapped
+instead (restored on uninstrument).
 """
 
 from __future__ import annotations
@@ -16,10 +23,20 @@ from typing import Any
 import torch
 from torch.nn.modules import module as _module
 
+from otel_training.hooks.patching import Patcher
+
 
 def _is_compiling() -> bool:
     fn = getattr(torch.compiler, "is_compiling", None)
     return bool(fn and fn())
+
+
+def _optimized_module_class():
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # pragma: no cover - torch without dynamo
+        return None
+    return OptimizedModule
 
 
 class RootModuleHooks:
@@ -27,33 +44,59 @@ class RootModuleHooks:
         self._tracker = tracker
         self._on_error = on_error
         self._roots: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+        self._compiled: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self._discovery = None
+        self._want_armed = False
+        self._suspended = 0
         self.depth = 0
         self.step_saw_root = False
+        self._patcher = Patcher()
+        self._patch_compile()
 
     # -- discovery -------------------------------------------------------------
     def arm(self) -> None:
-        if self._discovery is None:
+        self._want_armed = True
+        if self._discovery is None and not self._suspended:
             self._discovery = _module.register_module_forward_pre_hook(self._discover)
 
     def disarm(self) -> None:
+        self._want_armed = False
+        self._lift()
+
+    def _lift(self) -> None:
         if self._discovery is not None:
             self._discovery.remove()
             self._discovery = None
+
+    def _suspend(self) -> bool:
+        """Lift the discovery hook while a compiled module runs; True if lifted."""
+        if not self._want_armed:
+            return False
+        self._suspended += 1
+        self._lift()
+        return True
+
+    def _resume(self) -> None:
+        self._suspended -= 1
+        if not self._suspended and self._want_armed:
+            self.arm()
 
     @property
     def armed(self) -> bool:
         return self._discovery is not None
 
+    def _add_root(self, module) -> None:
+        pre = module.register_forward_pre_hook(self._pre)
+        post = module.register_forward_hook(self._post, always_call=True)
+        self._roots[module] = (pre, post)
+
     def _discover(self, module, args):
         if _is_compiling() or self.depth:
             return None
         try:
-            if module in self._roots or not self._tracker.on_training_thread():
+            if module in self._roots or not self._tracker.on_training_thread(True):
                 return None
-            pre = module.register_forward_pre_hook(self._pre)
-            post = module.register_forward_hook(self._post, always_call=True)
-            self._roots[module] = (pre, post)
+            self._add_root(module)
             # Instance pre-hooks added now are not run for this call: run ours.
             self._pre(module, args)
         except Exception as exc:  # our bug: never the user's problem
@@ -64,33 +107,101 @@ class RootModuleHooks:
     def _pre(self, module, args):
         if _is_compiling():
             return None
-        self.depth += 1
-        if self.depth == 1:
-            try:
-                tracker = self._tracker
-                if tracker.on_training_thread():
-                    self.step_saw_root = True
-                    tracker.forward_begin()
-            except Exception as exc:
-                self._on_error("forward", exc)
+        tracker = self._tracker
+        try:
+            if not tracker.on_training_thread(True):
+                return None  # another thread's forward: not ours, nor our depth
+            self.depth += 1
+            if self.depth == 1:
+                self.step_saw_root = True
+                tracker.forward_begin(module)
+        except Exception as exc:
+            self._on_error("forward", exc)
         return None
 
     def _post(self, module, args, output):
         if _is_compiling():
             return None
-        if self.depth > 0:
-            self.depth -= 1
-        if self.depth == 0:
-            try:
-                tracker = self._tracker
-                if tracker.on_training_thread():
-                    exc = sys.exc_info()[1]
-                    if exc is not None and tracker.step is not None:
-                        tracker.step.error = exc
-                    tracker.forward_end()
-            except Exception as exc:
-                self._on_error("forward", exc)
+        tracker = self._tracker
+        try:
+            if not tracker.on_training_thread(True):
+                return None
+            if self.depth > 0:
+                self.depth -= 1
+            if self.depth == 0:
+                exc = sys.exc_info()[1]
+                if exc is not None and tracker.step is not None and tracker.step.error is None:
+                    tracker.step.error = exc
+                tracker.forward_end()
+        except Exception as exc:
+            self._on_error("forward", exc)
         return None
+
+    # -- compiled modules ----------------------------------------------------------
+    def _patch_compile(self) -> None:
+        hooks = self
+
+        def optimized_call(wrapped, instance, args, kwargs):
+            # torch.compile(module): a root as soon as it runs at top level (its
+            # instance hooks run eagerly, outside the compiled forward).
+            lifted = False
+            try:
+                if not _is_compiling():
+                    if (not hooks.depth and instance not in hooks._roots
+                            and hooks._tracker.on_training_thread(True)):
+                        hooks._add_root(instance)
+                    lifted = hooks._suspend()
+            except Exception as exc:
+                hooks._on_error("forward", exc)
+            if not lifted:
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                hooks._resume()
+
+        def compile_method(wrapped, instance, args, kwargs):
+            result = wrapped(*args, **kwargs)
+            try:
+                inner = instance.__dict__.get("_compiled_call_impl")
+                if inner is not None and getattr(inner, "_otel_inner", None) is None:
+                    instance._compiled_call_impl = hooks._compiled_caller(instance, inner)
+                    hooks._compiled.add(instance)
+            except Exception as exc:
+                hooks._on_error("forward", exc)
+            return result
+
+        cls = _optimized_module_class()
+        if cls is not None and "__call__" in vars(cls):
+            self._patcher.wrap(cls, "__call__", optimized_call)
+        if "compile" in vars(torch.nn.Module):
+            self._patcher.wrap(torch.nn.Module, "compile", compile_method)
+
+    def _compiled_caller(self, module, inner):
+        """The call of a ``module.compile()``'d module: root timing around it."""
+        hooks = self
+        ref = weakref.ref(module)
+
+        def call(*args, **kwargs):
+            if _is_compiling():  # called from other compiled code: stay out of the graph
+                return inner(*args, **kwargs)
+            mod = ref()
+            lifted = hooks._suspend()
+            hooks._pre(mod, args)
+            try:
+                result = inner(*args, **kwargs)
+            except BaseException:
+                hooks._post(mod, args, None)  # sees the exception: marks the step
+                if lifted:
+                    hooks._resume()
+                raise
+            hooks._post(mod, args, result)
+            if lifted:
+                hooks._resume()
+            return result
+
+        call._otel_inner = inner
+        return call
 
     def on_step_end(self) -> None:
         """Called by the runtime after each step: re-arm discovery when needed."""
@@ -102,7 +213,7 @@ class RootModuleHooks:
         self.depth = 0
 
     def roots(self) -> list:
-        return list(self._roots.keys())
+        return list(self._roots.keys()) + [m for m in self._compiled if m not in self._roots]
 
     def remove(self) -> None:
         self.disarm()
@@ -110,3 +221,10 @@ class RootModuleHooks:
             pre.remove()
             post.remove()
         self._roots = weakref.WeakKeyDictionary()
+        for module in list(self._compiled):
+            call = module.__dict__.get("_compiled_call_impl")
+            inner = getattr(call, "_otel_inner", None)
+            if inner is not None:
+                module._compiled_call_impl = inner
+        self._compiled = weakref.WeakSet()
+        self._patcher.undo()

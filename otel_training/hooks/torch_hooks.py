@@ -8,6 +8,7 @@ unchanged (and mark the step as failed).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
@@ -59,9 +60,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         started = None
         try:
             if tracker.on_training_thread():
-                if tracker.driver == "dataloader" and tracker.step is not None:
-                    tracker.finish_step()
-                started = (tracker._timer.mark(), tracker._clock())
+                started = tracker.loader_iter_begin()
         except Exception as exc:
             on_error("dataloader", exc)
         it = wrapped(*args, **kwargs)
@@ -115,21 +114,52 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     from torch.optim import optimizer as optim_mod
 
     def opt_pre(optimizer, args, kwargs):
+        if _is_compiling():  # a compiled optimizer step: stay out of the graph
+            return
         try:
-            if tracker.on_training_thread():
-                tracker.optimizer_begin()
+            if tracker.on_training_thread(True):
+                tracker.optimizer_pre(optimizer, sys._getframe(1))
         except Exception as exc:
             on_error("optimizer", exc)
 
     def opt_post(optimizer, args, kwargs):
+        if _is_compiling():
+            return
         try:
-            if tracker.on_training_thread():
-                tracker.end_phase(sc.PHASE_OPTIMIZER_STEP)
+            if tracker.on_training_thread(True):
+                tracker.optimizer_post(optimizer)
         except Exception as exc:
             on_error("optimizer", exc)
 
     handles.append(optim_mod.register_optimizer_step_pre_hook(opt_pre))
     handles.append(optim_mod.register_optimizer_step_post_hook(opt_post))
+
+    # -- AMP: GradScaler.step is the optimizer step (its found-inf .item() included) --------
+    def scaler_step_wrapper(wrapped, instance, args, kwargs):
+        rec = None
+        try:
+            if tracker.step is not None and tracker.on_training_thread():
+                rec = tracker.optimizer_begin()
+        except Exception as exc:
+            on_error("optimizer", exc)
+        if rec is None:
+            return wrapped(*args, **kwargs)
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as exc:
+            _mark_error(tracker, exc)
+            raise
+        finally:
+            try:
+                tracker.end_record(rec)
+            except Exception as exc:
+                on_error("optimizer", exc)
+
+    scaler_base = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if isinstance(scaler_base, type):
+        for cls in _subclasses(scaler_base) | {scaler_base}:
+            if "step" in vars(cls):
+                patcher.wrap(cls, "step", scaler_step_wrapper)
 
     # -- LR schedulers: the base step and every subclass that overrides it ----------------
     from torch.optim import lr_scheduler as lrs
@@ -151,6 +181,11 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
             if hasattr(torch.distributed, name):
                 patcher.wrap(torch.distributed, name, reduce_wrapper)
     return handles
+
+
+def _is_compiling() -> bool:
+    fn = getattr(torch.compiler, "is_compiling", None)
+    return bool(fn and fn())
 
 
 def _subclasses(cls) -> set:

@@ -1,0 +1,331 @@
+"""Shared test fixtures: instrument a real torch loop against the real OpenTelemetry
+SDK with in-memory exporters, and read back what came out.
+
+    def test_something(instrumented):
+        tel = instrumented(trace_every_n=1)      # Config fields as keywords
+        ... run a training loop ...
+        steps = tel.steps()                      # one StepTrace per traced step
+        points = tel.points("training.phase.duration", {"training.phase": "forward"})
+
+``instrumented`` always uninstruments at teardown (also when the test fails); a
+test may also call ``tel.uninstrument()`` itself (spans and metrics stay readable).
+The defaults make every step traced and keep the hardware sampler and framework
+integrations off; override any ``Config`` field by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, Iterable, List, Optional
+
+import pytest
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+TEST_DEFAULTS = dict(
+    trace_every_n=1,
+    trace_max_per_second=1e6,
+    hardware=False,
+    gpu_timing="off",
+    summary=False,
+    summary_file=None,
+    shutdown_timeout=10.0,
+    integrations=(),
+)
+
+
+def _ns_to_s(ns: int) -> float:
+    return ns / 1e9
+
+
+def span_duration(span: ReadableSpan) -> float:
+    """Seconds between a span's start and end."""
+    return _ns_to_s(span.end_time - span.start_time)
+
+
+class StepTrace:
+    """One traced step: the root ``step`` span and every span under it."""
+
+    def __init__(self, root: ReadableSpan, spans: List[ReadableSpan]) -> None:
+        self.root = root
+        self.spans = sorted(spans, key=lambda s: (s.start_time, -s.end_time))
+        self._by_id = {s.context.span_id: s for s in self.spans}
+
+    # -- navigation ---------------------------------------------------------------
+    @property
+    def attributes(self) -> dict:
+        return dict(self.root.attributes)
+
+    @property
+    def index(self) -> int:
+        return self.root.attributes.get("training.step")
+
+    @property
+    def mode(self) -> str:
+        return self.root.attributes.get("training.mode")
+
+    @property
+    def duration(self) -> float:
+        return span_duration(self.root)
+
+    def parent_of(self, span: ReadableSpan) -> Optional[ReadableSpan]:
+        return self._by_id.get(span.parent.span_id) if span.parent is not None else None
+
+    def children(self, span: Optional[ReadableSpan] = None) -> List[ReadableSpan]:
+        span = span or self.root
+        sid = span.context.span_id
+        return [s for s in self.spans if s.parent is not None and s.parent.span_id == sid]
+
+    def named(self, name: str) -> List[ReadableSpan]:
+        return [s for s in self.spans if s.name == name]
+
+    def names(self) -> List[str]:
+        return [s.name for s in self.spans if s is not self.root]
+
+    def top_level(self) -> List[str]:
+        """Names of the step's direct children, in time order."""
+        return [s.name for s in self.children()]
+
+    def tree(self, span: Optional[ReadableSpan] = None) -> tuple:
+        """``(name, (child trees...))`` in time order: easy to compare in asserts."""
+        span = span or self.root
+        return (span.name, tuple(self.tree(c) for c in self.children(span)))
+
+    def total(self, name: str) -> float:
+        """Seconds spent in all spans called ``name``."""
+        return sum(span_duration(s) for s in self.named(name))
+
+    def __repr__(self) -> str:  # pragma: no cover - shows up in assertion messages
+        return f"StepTrace(#{self.index} {self.mode} {self.tree()})"
+
+
+class Point:
+    """One metric data point, flattened: name, attributes and the SDK point."""
+
+    def __init__(self, name: str, unit: str, attributes: dict, data: Any) -> None:
+        self.name = name
+        self.unit = unit
+        self.attributes = attributes
+        self.data = data
+
+    @property
+    def value(self):
+        """Sum for histograms, value for counters and gauges."""
+        return getattr(self.data, "sum", None) if hasattr(self.data, "bucket_counts") else self.data.value
+
+    @property
+    def count(self) -> Optional[int]:
+        return getattr(self.data, "count", None)
+
+    def __repr__(self) -> str:  # pragma: no cover
+        return f"Point({self.name} {self.attributes} value={self.value} count={self.count})"
+
+
+class Instrumented:
+    """A live instrumentation with in-memory exporters."""
+
+    def __init__(self, **overrides: Any) -> None:
+        from otel_training import runtime as _runtime
+        from otel_training.config import load_config
+        from otel_training.instrumentor import TrainingInstrumentor
+
+        options = dict(TEST_DEFAULTS)
+        options.update(overrides)
+        self.config = dataclasses.replace(load_config({}), **options)
+        self.span_exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
+        self.metric_reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
+        self._instrumentor = TrainingInstrumentor()
+        if self._instrumentor.is_instrumented_by_opentelemetry:
+            raise RuntimeError("already instrumented: a previous test leaked its instrumentation")
+        self._instrumentor.instrument(tracer_provider=self.tracer_provider,
+                                      meter_provider=self.meter_provider, config=self.config)
+        self.runtime = _runtime.current()
+        self.active = True
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------
+    @property
+    def tracker(self):
+        return self.runtime.tracker
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until the pipeline has turned every finished step into telemetry."""
+        if self.runtime is not None:
+            assert self.runtime.pipeline.flush(timeout), "pipeline did not drain"
+
+    def uninstrument(self) -> None:
+        """End the open step, flush, remove every hook (idempotent). Spans and
+        metrics stay readable."""
+        if self.active:
+            self.active = False
+            self._instrumentor.uninstrument()
+
+    def close(self) -> None:
+        """Uninstrument and shut the SDK providers down (the fixture's teardown)."""
+        self.uninstrument()
+        if not self._closed:
+            self._closed = True
+            self.tracer_provider.shutdown()
+            self.meter_provider.shutdown()
+
+    def __enter__(self) -> "Instrumented":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- spans ----------------------------------------------------------------------
+    def spans(self, name: Optional[str] = None) -> List[ReadableSpan]:
+        self.flush()
+        spans = list(self.span_exporter.get_finished_spans())
+        return [s for s in spans if name is None or s.name == name]
+
+    def steps(self) -> List[StepTrace]:
+        """Every traced step, in step order."""
+        spans = self.spans()
+        by_trace: Dict[int, List[ReadableSpan]] = {}
+        for s in spans:
+            by_trace.setdefault(s.context.trace_id, []).append(s)
+        out = []
+        for group in by_trace.values():
+            roots = [s for s in group if s.parent is None]
+            assert len(roots) == 1, f"a trace with {len(roots)} roots: {[s.name for s in group]}"
+            out.append(StepTrace(roots[0], group))
+        out.sort(key=lambda t: (t.index if t.index is not None else -1, t.root.start_time))
+        return out
+
+    # -- metrics --------------------------------------------------------------------
+    def metrics(self) -> List[Point]:
+        """Every data point collected so far (cumulative), flattened."""
+        self.flush()
+        data = self.metric_reader.get_metrics_data()
+        out: List[Point] = []
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for dp in metric.data.data_points:
+                        out.append(Point(metric.name, metric.unit, dict(dp.attributes), dp))
+        return out
+
+    def points(self, name: str, where: Optional[dict] = None) -> List[Point]:
+        """Data points of metric ``name`` whose attributes include ``where``."""
+        where = where or {}
+        return [p for p in self.metrics() if p.name == name
+                and all(p.attributes.get(k) == v for k, v in where.items())]
+
+    def phase_totals(self, parent: str = "step", mode: Optional[str] = None) -> Dict[str, float]:
+        """``training.phase.duration`` sums by phase name, for one parent."""
+        where = {"training.phase.parent": parent}
+        if mode is not None:
+            where["training.mode"] = mode
+        out: Dict[str, float] = {}
+        for p in self.points("training.phase.duration", where):
+            name = p.attributes["training.phase"]
+            out[name] = out.get(name, 0.0) + p.value
+        return out
+
+
+@pytest.fixture
+def instrumented():
+    """Factory: ``instrumented(**config_overrides)`` -> :class:`Instrumented`."""
+    made: List[Instrumented] = []
+
+    def start(**overrides: Any) -> Instrumented:
+        tel = Instrumented(**overrides)
+        made.append(tel)
+        return tel
+
+    try:
+        yield start
+    finally:
+        for tel in made:
+            tel.close()
+        from otel_training.instrumentor import TrainingInstrumentor
+
+        inst = TrainingInstrumentor()
+        if inst.is_instrumented_by_opentelemetry:  # started behind the fixture's back
+            inst.uninstrument()
+
+
+# ---------------------------------------------------------------------------------
+# Small torch building blocks shared by the phase tests.
+# ---------------------------------------------------------------------------------
+
+def make_model(width: int = 16, depth: int = 2):
+    import torch
+
+    layers: List[Any] = [torch.nn.Linear(8, width), torch.nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(width, 2))
+    return torch.nn.Sequential(*layers)
+
+
+def make_dataset(n: int = 32, delay: float = 0.0):
+    """A map-style dataset of (x[8], y) pairs whose __getitem__ sleeps ``delay`` s;
+    ``dataset.slept`` lists the time each call really slept (single-process loading)."""
+    import torch
+    from torch.utils.data import Dataset
+
+    class SleepyDataset(Dataset):
+        def __init__(self) -> None:
+            g = torch.Generator().manual_seed(0)
+            self.x = torch.randn(n, 8, generator=g)
+            self.y = torch.randint(0, 2, (n,), generator=g)
+            self.slept: List[float] = []
+
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i):
+            if delay:
+                self.slept.append(spin(delay))
+            return self.x[i], self.y[i]
+
+    return SleepyDataset()
+
+
+def train_step(model, opt, batch, loss_fn=None) -> float:
+    """forward, loss, backward, optimizer step; returns the loss via .item()."""
+    import torch
+
+    x, y = batch
+    out = model(x)
+    loss = (loss_fn or torch.nn.functional.cross_entropy)(out, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def spin(seconds: float) -> float:
+    """Sleep ``seconds`` (a planted delay); returns the time really slept, which on
+    a loaded machine can be a little longer: compare measurements with that."""
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    return time.perf_counter() - t0
+
+
+def assert_close(measured: float, expected: float, rel: float = 0.10, what: str = "") -> None:
+    """``measured`` within ``rel`` of ``expected`` (a planted delay recovered)."""
+    assert abs(measured - expected) <= rel * expected, (
+        f"{what or 'value'}: measured {measured * 1e3:.2f} ms, planted {expected * 1e3:.2f} ms "
+        f"(tolerance {rel:.0%})")
+
+
+def flatten(trees: Iterable[tuple]) -> List[str]:
+    out: List[str] = []
+    for name, kids in trees:
+        out.append(name)
+        out.extend(flatten(kids))
+    return out

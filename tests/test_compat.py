@@ -1,0 +1,244 @@
+"""Compatibility: per-step hook cost independent of model size, torch.compile
+without added graph breaks or recompiles, and an exact restore on uninstrument."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.modules import module as module_mod
+from torch.optim import optimizer as optimizer_mod
+from torch.utils.data import DataLoader
+from torch.utils.data import dataloader as dataloader_mod
+
+import otel_training
+from tests.conftest import make_dataset, make_model, train_step
+
+STANDARD_BATCH = (("forward", ()), ("backward", ()), ("optimizer_step", ()))
+
+
+def _module_global_hooks() -> dict:
+    """Every module-level ``_global_*`` hook dict of torch.nn.modules.module."""
+    return {k: dict(v) for k, v in vars(module_mod).items() if k.startswith("_global_") and isinstance(v, dict)}
+
+
+# -- per-step cost: hooks on roots only -------------------------------------------------------
+def test_only_root_modules_keep_hooks_after_the_first_step(instrumented):
+    baseline = _module_global_hooks()
+    tel = instrumented()
+    armed = _module_global_hooks()
+    assert len(armed["_global_forward_pre_hooks"]) == len(baseline["_global_forward_pre_hooks"]) + 1
+    model = make_model(depth=12)  # 25 submodules
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    for i, (x, y) in enumerate(DataLoader(make_dataset(16), batch_size=4)):
+        if i >= 1:  # the first step has ended: discovery is over
+            seen.append(_module_global_hooks())
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert seen and all(s == baseline for s in seen)  # the global pre-hook is gone
+    roots = tel.runtime.module_hooks.roots()
+    assert set(map(id, roots)) == {id(model), id(loss_fn)}
+    for root in (model, loss_fn):
+        assert len(root._forward_pre_hooks) == 1 and len(root._forward_hooks) == 1
+    subs = list(model.modules())[1:]
+    assert len(subs) == 25
+    for sub in subs:
+        assert not sub._forward_pre_hooks and not sub._forward_hooks
+        assert not sub._backward_hooks and not sub._backward_pre_hooks
+    for s in tel.steps():
+        (batch,) = s.named("train_batch")
+        assert [c.name for c in s.children(batch)] == ["forward", "forward", "backward", "optimizer_step"]
+    tel.uninstrument()
+    assert _module_global_hooks() == baseline
+    for m in model.modules():
+        assert not m._forward_pre_hooks and not m._forward_hooks
+
+
+def test_a_model_first_used_later_is_discovered(instrumented):
+    baseline = _module_global_hooks()
+    tel = instrumented()
+    a, b = make_model(), make_model()
+    with torch.no_grad():
+        for i, (x, y) in enumerate(DataLoader(make_dataset(24), batch_size=4)):
+            (a if i < 2 else b)(x)
+    steps = tel.steps()
+    forwards = [len(s.named("forward")) for s in steps]
+    # b first runs in step 2, a step without a known root: discovery re-arms, b is a
+    # root from step 3 on, and discovery is lifted again.
+    assert forwards[:2] == [1, 1] and forwards[3:] == [1, 1, 1]
+    assert set(map(id, tel.runtime.module_hooks.roots())) == {id(a), id(b)}
+    assert _module_global_hooks() == baseline
+
+
+# -- torch.compile ----------------------------------------------------------------------
+class Breaking(torch.nn.Module):
+    """A model with one deliberate graph break, so break counts mean something."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = make_model()
+        self.b = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h)
+
+
+def _compiled_run(how: str, backend: str, steps: int = 3, model=None):
+    """Train a compiled model; returns (graph breaks, unique graphs, warnings, net)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = model or Breaking()
+    if how == "torch.compile":
+        net = torch.compile(model, backend=backend)
+    else:
+        model.compile(backend=backend)
+        net = model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in DataLoader(make_dataset(4 * steps), batch_size=4):
+            train_step(net, opt, (x, y))
+    breaks = sum(counters["graph_break"].values())
+    graphs = counters["stats"]["unique_graphs"]
+    return breaks, graphs, [str(w.message) for w in caught], net
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
+def test_compile_adds_no_graph_break_nor_recompile(instrumented, how):
+    plain_breaks, plain_graphs, _, _ = _compiled_run(how, "aot_eager")
+    tel = instrumented()
+    breaks, graphs, caught, net = _compiled_run(how, "aot_eager")
+    assert plain_breaks >= 1
+    assert (breaks, graphs) == (plain_breaks, plain_graphs)
+    assert not [w for w in caught if "global hooks" in w]
+    steps = tel.steps()
+    assert len(steps) == 3
+    for s in steps:
+        assert s.tree() == ("step", (("dataloader_next", ()), ("to_device", ()),
+                                     ("train_batch", STANDARD_BATCH), ("from_device", ()))), s
+    assert [id(m) for m in tel.runtime.module_hooks.roots()] == [id(net)]
+    tel.uninstrument()
+    if how == "module.compile":  # the compiled call is the one torch made, again
+        assert getattr(net._compiled_call_impl, "_otel_inner", None) is None
+
+
+def test_compile_with_inductor(instrumented):
+    """The default backend end to end (C++ codegen on CPU), instrumented."""
+    tel = instrumented()
+    breaks, graphs, caught, net = _compiled_run("torch.compile", "inductor", steps=2, model=make_model())
+    assert breaks == 0 and graphs == 1  # one graph, compiled once
+    for s in tel.steps():
+        assert [c.name for c in s.children(s.named("train_batch")[0])] == [n for n, _ in STANDARD_BATCH]
+
+
+# -- exact restore ------------------------------------------------------------------------
+def _patched_objects():
+    from torch.optim import lr_scheduler
+
+    from otel_training.hooks.torch_hooks import _subclasses
+
+    objs = [torch.Tensor, torch._C.TensorBase, dataloader_mod.DataLoader, dataloader_mod._BaseDataLoaderIter,
+            torch.autograd, torch.distributed, torch.nn.Module, torch.amp.GradScaler]
+    objs += sorted(_subclasses(torch.amp.GradScaler), key=repr)
+    base = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
+    objs += sorted(_subclasses(base) | {base, lr_scheduler.ReduceLROnPlateau}, key=repr)
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        objs.append(OptimizedModule)
+    except ImportError:  # pragma: no cover
+        pass
+    return objs
+
+
+def _snapshot() -> dict:
+    snap = {}
+    for obj in _patched_objects():
+        snap[repr(obj)] = dict(vars(obj))
+    snap["optimizer hooks"] = {
+        "pre": dict(optimizer_mod._global_optimizer_pre_hooks),
+        "post": dict(optimizer_mod._global_optimizer_post_hooks),
+    }
+    snap["module hooks"] = _module_global_hooks()
+    snap["excepthook"] = {"excepthook": sys.excepthook}
+    return snap
+
+
+def _diff(before: dict, after: dict) -> list:
+    out = []
+    for owner, attrs in before.items():
+        now = after[owner]
+        for name in set(attrs) | set(now):
+            if name in ("__weakref__",):
+                continue
+            if attrs.get(name, "<missing>") is not now.get(name, "<missing>") and not (
+                    isinstance(attrs.get(name), dict) and attrs.get(name) == now.get(name)):
+                out.append(f"{owner}.{name}: {attrs.get(name, '<missing>')!r} -> {now.get(name, '<missing>')!r}")
+    return out
+
+
+def _workload(tmp_path, with_dist: bool):
+    torch.manual_seed(0)
+    model = make_model()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    scaler = torch.amp.GradScaler("cpu")
+    compiled = torch.compile(make_model(), backend="eager")
+    self_compiled = make_model()
+    self_compiled.compile(backend="eager")
+    for x, y in DataLoader(make_dataset(8), batch_size=4):
+        with otel_training.phase("manual"):
+            loss = loss_fn(model(x), y) + compiled(x).sum() * 0 + self_compiled(x).sum() * 0
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        plateau.step(loss.item())
+        if with_dist:
+            dist.all_reduce(loss.detach().clone())
+        loss.detach().cpu().numpy().tolist()
+    with otel_training.step():
+        pass
+    return model, compiled, self_compiled
+
+
+def test_uninstrument_restores_every_patched_object(instrumented, tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        _workload(tmp_path, with_dist=True)  # lazy imports and first-use caches happen here
+        before = _snapshot()
+        tel = instrumented()
+        during = _snapshot()
+        assert _diff(before, during), "instrument() patched nothing?"
+        model, compiled, self_compiled = _workload(tmp_path, with_dist=True)
+        assert len(tel.steps()) == 3
+        tel.uninstrument()
+        after = _snapshot()
+        assert _diff(before, after) == []
+        for m in list(model.modules()) + list(compiled.modules()) + list(self_compiled.modules()):
+            assert not m._forward_pre_hooks and not m._forward_hooks
+        assert self_compiled.__dict__["_compiled_call_impl"].__class__.__name__ != "function" or \
+            not hasattr(self_compiled._compiled_call_impl, "_otel_inner")
+        # instrumenting again works as the first time
+        tel2 = instrumented()
+        _workload(tmp_path, with_dist=True)
+        assert len(tel2.steps()) == 3
+        tel2.uninstrument()
+        assert _diff(before, _snapshot()) == []
+    finally:
+        dist.destroy_process_group()
