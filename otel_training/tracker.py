@@ -196,8 +196,8 @@ class Tracker:
         manual ``step()`` drives). Returns the instant, ``(token, ns)``, from which
         the loop's first step counts (so worker start-up lands in its first wait)."""
         token, now = self._timer.mark(), self._clock()
-        if self.step is not None and self.driver != DRIVER_MANUAL:
-            self._close(token, now)
+        if self.step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
+            self._close(token, now)  # a framework or manual driver keeps its step
         return token, now
 
     def loader_next_begin(self, iterator: Any, started_at: Optional[tuple] = None) -> bool:
@@ -248,7 +248,7 @@ class Tracker:
             # No step open: a loop without a DataLoader (or code after a DataLoader
             # loop ended) -- steps are implicit, delimited by forwards. Inside a
             # manual step() loop, time outside step() belongs to no step.
-            if self.driver == DRIVER_MANUAL:
+            if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
                 return
             self.start_step(DRIVER_NONE)
             step, fresh = self.step, True
@@ -316,6 +316,31 @@ class Tracker:
             while pending and pending[-1][2] is not None and id(pending[-1][2]) not in live:
                 self.end_record(pending.pop()[1])
         pending.append((optimizer, self.optimizer_begin(), frame))
+
+    def wrap_closure(self, optimizer: Any, closure: Callable) -> Callable:
+        """``optimizer.step(closure)``: the closure's forward and backward are their
+        own phases, so the optimizer phase pauses while it runs."""
+        tracker = self
+
+        def closure_with_phases(*args: Any, **kwargs: Any) -> Any:
+            pending = tracker._optimizers
+            index = next((i for i in range(len(pending) - 1, -1, -1) if pending[i][0] is optimizer), None)
+            if index is None:
+                return closure(*args, **kwargs)
+            opt, rec, frame = pending[index]
+            tracker.end_record(rec)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                if index < len(pending) and pending[index][0] is opt:
+                    pending[index] = (opt, tracker.optimizer_begin(), frame)
+
+        return closure_with_phases
+
+    def claim_driver(self, driver: str) -> None:
+        """A framework integration drives steps from now on (DataLoader iteration no
+        longer starts or ends them), even before its first step begins."""
+        self.driver = driver
 
     def optimizer_post(self, optimizer: Any) -> None:
         """Close the phase this optimizer's pre-hook opened, if any (an optimizer that

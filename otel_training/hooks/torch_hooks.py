@@ -119,8 +119,11 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         try:
             if tracker.on_training_thread(True):
                 tracker.optimizer_pre(optimizer, sys._getframe(1))
+                if tracker.step is not None:
+                    return _with_wrapped_closure(tracker, optimizer, args, kwargs)
         except Exception as exc:
             on_error("optimizer", exc)
+        return None
 
     def opt_post(optimizer, args, kwargs):
         if _is_compiling():
@@ -186,6 +189,17 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
 def _is_compiling() -> bool:
     fn = getattr(torch.compiler, "is_compiling", None)
     return bool(fn and fn())
+
+
+def _with_wrapped_closure(tracker: Any, optimizer: Any, args: tuple, kwargs: dict):
+    """New (args, kwargs) for torch's pre-hook protocol when a closure was passed."""
+    if kwargs.get("closure") is not None:
+        kwargs = dict(kwargs)
+        kwargs["closure"] = tracker.wrap_closure(optimizer, kwargs["closure"])
+        return args, kwargs
+    if len(args) > 1 and callable(args[1]):
+        return (args[0], tracker.wrap_closure(optimizer, args[1])) + tuple(args[2:]), kwargs
+    return None
 
 
 def _subclasses(cls) -> set:
