@@ -55,8 +55,8 @@ class Bridge:
         """Become the step driver without opening a step (DataLoader ``__next__``
         then records waits only inside our steps instead of starting its own)."""
         t = self.tracker()
-        if t is not None and t.step is None and hasattr(t, "driver"):
-            t.driver = self.driver
+        if t is not None and t.step is None:
+            t.claim_driver(self.driver)
 
     def finish_step(self, error: Optional[BaseException] = None) -> None:
         t = self.tracker()
