@@ -133,7 +133,8 @@ def render(summary: dict) -> str:
     found = findings(summary)
     if found:
         f = found[0]
-        lines.append(f"verdict: {getattr(f, 'title', f)}")
+        detail = getattr(f, "detail", "")
+        lines.append(f"verdict: {getattr(f, 'title', f)}" + (f" ({detail})" if detail else ""))
         lines += [f"  - {a}" for a in (getattr(f, "advice", None) or [])[:3]]
     return "\n".join(lines)
 
