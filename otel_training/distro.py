@@ -11,10 +11,12 @@ with ``OTEL_PYTHON_DISTRO=otel_training`` and
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import uuid
-from typing import MutableMapping
+from typing import MutableMapping, Optional
+from urllib.parse import urlparse
 
 from opentelemetry.instrumentation.distro import BaseDistro
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
@@ -95,6 +97,57 @@ def _prepare_process(environ: MutableMapping[str, str] = os.environ) -> None:
         load_config(environ)
     except ConfigError as exc:
         stop_on_config_error(exc)
+    check_endpoints(environ)
+
+
+_HOST_PORT = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}")
+
+
+def endpoint_problem(value: str, protocol: str) -> Optional[str]:
+    """Why an OTLP endpoint cannot work (None if it can): a URL with an http(s) scheme,
+    a host and a valid port -- or, for gRPC, also a bare ``host:port``."""
+    v = value.strip()
+    if not v or any(c.isspace() for c in v):
+        return "blank" if not v else "contains spaces"
+    try:
+        parsed = urlparse(v)
+        parsed.port  # raises ValueError for a port out of range
+    except ValueError:
+        return "bad port"
+    if "://" in v:
+        if parsed.scheme not in ("http", "https"):
+            return f"scheme {parsed.scheme!r}"
+        return None if parsed.hostname else "no host"
+    if protocol == "grpc" and _HOST_PORT.fullmatch(v):
+        return None
+    return "not a URL"
+
+
+def check_endpoints(environ: MutableMapping[str, str] = os.environ) -> None:
+    """A malformed OTLP endpoint: one line that names it, then export nothing for the
+    signals it serves (instead of an error from the exporter at every export); training
+    and the run-end summary are unaffected."""
+    protocol = environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").strip()
+    for var, signals in (("OTEL_EXPORTER_OTLP_ENDPOINT", ("TRACES", "METRICS")),
+                         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ("TRACES",)),
+                         ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", ("METRICS",))):
+        value = environ.get(var)
+        if value is None:
+            continue
+        used = [sig for sig in signals
+                if environ.get(f"OTEL_{sig}_EXPORTER", "otlp").strip() == "otlp"
+                and (var != "OTEL_EXPORTER_OTLP_ENDPOINT" or f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT" not in environ)]
+        if not used:
+            continue
+        proto = environ.get(f"OTEL_EXPORTER_OTLP_{used[0]}_PROTOCOL", protocol).strip()
+        if endpoint_problem(value, proto) is None:
+            continue
+        example = "http://localhost:4317" if proto == "grpc" else "http://localhost:4318"
+        what = " and ".join(sig.lower() for sig in used)
+        print(f"otel-training: {var}={value!r} is not valid: use a URL such as {example} "
+              f"({what} will not be exported; training continues)", file=sys.stderr, flush=True)
+        for sig in used:
+            environ[f"OTEL_{sig}_EXPORTER"] = "none"
 
 
 def _in_sitecustomize() -> bool:
@@ -119,7 +172,7 @@ def stop_on_config_error(exc: BaseException) -> None:
             sys.stdout.flush()
         finally:
             os._exit(2)
-    raise SystemExit(2)
+    raise SystemExit(2) from None
 
 
 class TrainingDistro(BaseDistro):
@@ -137,4 +190,5 @@ class TrainingConfigurator(_OTelSDKConfigurator):
 def configure_sdk() -> None:
     """Set up the SDK as ``opentelemetry-instrument`` would (used by ``instrument()``)."""
     apply_defaults()
+    check_endpoints()
     TrainingConfigurator().configure()

@@ -101,6 +101,7 @@ class Runtime:
         self._closed = False
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
         self._previous_sigterm: Any = None
+        self._summary_file_ok = True
 
     # -- wiring -------------------------------------------------------------------------
     def _on_step(self, step) -> None:
@@ -144,6 +145,8 @@ class Runtime:
         self.active = True
         atexit.register(self.shutdown)
         self._install_process_handlers()
+        if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
+            self._check_summary_file()
 
     def _install_process_handlers(self) -> None:
         """Fork, spawn and SIGTERM: workers stay silent, a terminated job still flushes."""
@@ -173,7 +176,38 @@ class Runtime:
                 self.disable_in_child("dataloader worker")
             except Exception as exc:  # pragma: no cover
                 self.on_error("workers", exc)
+        elif not self._closed:
+            self._check_summary_file()  # e.g. a rank started by torch.multiprocessing.spawn
         return wrapped(*args, **kwargs)
+
+    def _summary_path(self) -> str:
+        path = self.config.summary_file or ""
+        return path.replace("{rank}", str(self.info.rank)).replace("{pid}", str(os.getpid()))
+
+    def _check_summary_file(self) -> None:
+        """Find out now, not after the run, that ``OTEL_TRAINING_SUMMARY_FILE`` cannot be
+        written: one line, and no second one at the end. A missing folder is created."""
+        if not self.config.summary_file:
+            return
+        import tempfile
+
+        path = self._summary_path()
+        try:
+            if os.path.isdir(path):
+                raise IsADirectoryError(21, "Is a directory")
+            directory = os.path.dirname(os.path.abspath(path))
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".otel-training-probe-"):
+                pass
+        except OSError as exc:
+            self._summary_file_ok = False
+            self._summary_file_error(exc)
+
+    def _summary_file_error(self, exc: OSError) -> None:
+        reason = exc.strerror or type(exc).__name__
+        print(f"otel-training: OTEL_TRAINING_SUMMARY_FILE={self.config.summary_file!r} cannot be "
+              f"written ({reason}): use a writable file path (no summary file for this run; "
+              f"training continues)", file=sys.stderr, flush=True)
 
     def _on_sigterm(self, signum, frame) -> None:
         """Flush within the shutdown budget, then die of SIGTERM as if we were not here."""
@@ -303,10 +337,9 @@ class Runtime:
             summary = self.summary_dict()
             if self.config.summary and summary["modes"]:
                 print(render(summary), file=sys.stderr, flush=True)
-            if self.config.summary_file:
+            if self.config.summary_file and self._summary_file_ok:
                 write(summary, self.config.summary_file)
         except OSError as exc:
-            print(f"otel-training: cannot write {self.config.summary_file!r} "
-                  f"(OTEL_TRAINING_SUMMARY_FILE): {exc.strerror}", file=sys.stderr, flush=True)
+            self._summary_file_error(exc)
         except Exception as exc:
             self.on_error("summary", exc)
