@@ -4,7 +4,7 @@ Run:  .venv/bin/python benchmarks/sampling.py [--collections N] [--rounds R]
 
 Both sides run on this thread, interleaved in rounds, each with its own MeterProvider
 and InMemoryMetricReader; the cost is ``time.thread_time()`` per collection (CPU, not
-wall time). Ours counts one sampler tick (the psutil reads) plus the reader's
+wall time). Ours counts one sampler tick (the /proc or psutil reads) plus the reader's
 collect() (the gauge callbacks), i.e. the work per export when the sampling
 interval equals the export interval; the system-metrics instrumentation reads
 psutil inside its callbacks, so its cost is collect() alone. Per GPU (on a machine
@@ -94,7 +94,7 @@ def host(collections: int, rounds: int) -> None:
           f"(targets: <= {TARGET_MS:g} ms, >= {TARGET_RATIO:g}x: "
           f"{'met' if o <= TARGET_MS and t / o >= TARGET_RATIO else 'NOT met'})")
     print(f"  export path only (collect)     {t / export:6.1f}x cheaper "
-          f"({export:.3f} ms: the sampler's psutil reads run on its own thread)")
+          f"({export:.3f} ms: the sampler's host reads run on its own thread)")
     # defaults: sampling every 1 s, exporting every 5 s (the otel-training distro)
     print(f"  per 5 s export at 1 s sampling {5 * tick + export:6.3f} ms "
           f"(vs {t:.3f} ms: five ticks buy the interval average)")

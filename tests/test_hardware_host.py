@@ -102,6 +102,7 @@ class Counters:
         self.available = 1000
 
     def install(self, monkeypatch):
+        monkeypatch.setattr(host_module, "PROC_ROOT", None)  # these are psutil's counters
         psutil_ = host_module.psutil
         monkeypatch.setattr(psutil_, "net_io_counters", lambda pernic=False, nowrap=True: dict(
             self.net))
@@ -194,6 +195,7 @@ def test_container_without_disk_counters(hw, monkeypatch, caplog, failure):
             raise FileNotFoundError("/proc/diskstats")
         return None
 
+    monkeypatch.setattr(host_module, "PROC_ROOT", None)  # psutil's path (procfs: its own tests)
     monkeypatch.setattr(host_module.psutil, "disk_io_counters", no_disk)
     with caplog.at_level(logging.INFO, logger="otel_training.hardware"):
         for _ in range(3):
@@ -211,6 +213,7 @@ def test_container_without_disk_counters(hw, monkeypatch, caplog, failure):
 
 def test_machine_without_network_interfaces(hw, monkeypatch, caplog):
     handle, reader = hw
+    monkeypatch.setattr(host_module, "PROC_ROOT", None)  # psutil's path (procfs: its own tests)
     monkeypatch.setattr(host_module.psutil, "net_io_counters",
                         lambda pernic=False, nowrap=True: {})
     with caplog.at_level(logging.INFO, logger="otel_training.hardware"):
