@@ -169,7 +169,7 @@ class ExportGuard:
             if exporter is None:
                 exporter = getattr(sp, "span_exporter", None)
             if exporter is not None:
-                self._wrap_exporter(exporter, COMPONENT_TRACES)
+                self._try_wrap(exporter, COMPONENT_TRACES)
             if batch is not None and hasattr(batch, "_queue"):
                 self._batch_processors.append(batch)
                 metrics = getattr(batch, "_metrics", None)
@@ -180,13 +180,19 @@ class ExportGuard:
             self._readers.append(reader)
             exporter = getattr(reader, "_exporter", None)
             if exporter is not None:
-                self._wrap_exporter(exporter, COMPONENT_METRICS)
+                self._try_wrap(exporter, COMPONENT_METRICS)
         watch = _RetryWatch(self)
         for name in _RETRY_LOGGERS:
             log = logging.getLogger(name)
             log.addFilter(watch)
             self._undo.append(lambda log=log: log.removeFilter(watch))
         return self
+
+    def _try_wrap(self, exporter, component: str) -> None:
+        try:
+            self._wrap_exporter(exporter, component)
+        except Exception as exc:  # e.g. an exporter with __slots__: not counted, still works
+            logger.debug("otel-training: cannot guard %r: %r", exporter, exc)
 
     def _wrap_exporter(self, exporter, component: str) -> None:
         if getattr(exporter, "_otel_training_guard", None) is not None:

@@ -35,7 +35,7 @@ _NOBODY = -1  # a thread ident no thread has: the tracker ignores every hook
 
 def _after_fork_in_child(ref) -> None:
     runtime = ref()
-    if runtime is not None:
+    if runtime is not None and runtime.active:  # installed, not uninstalled
         runtime.disable_in_child("fork")
 
 
@@ -100,7 +100,6 @@ class Runtime:
         self.role = multiprocessing_role()
         self._closed = False
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
-        self._previous_sigterm: Any = None
         self._summary_file_ok = True
 
     # -- wiring -------------------------------------------------------------------------
@@ -164,7 +163,7 @@ class Runtime:
         try:
             if (threading.current_thread() is threading.main_thread()
                     and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-                self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+                signal.signal(signal.SIGTERM, self._on_sigterm)
         except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
             self.on_error("signals", exc)
 
@@ -210,7 +209,17 @@ class Runtime:
               f"training continues)", file=sys.stderr, flush=True)
 
     def _on_sigterm(self, signum, frame) -> None:
-        """Flush within the shutdown budget, then die of SIGTERM as if we were not here."""
+        """Flush within the shutdown budget, then die of SIGTERM as if we were not here.
+
+        Called by another handler that took our place and chains to us (PyTorch
+        Lightning does, to stop at the next step and save state): flush only, and leave
+        the decision to it -- the exit handlers finish the job later."""
+        if signal.getsignal(signal.SIGTERM) != self._on_sigterm:
+            try:
+                self.flush(self.config.shutdown_timeout)
+            except Exception:  # pragma: no cover
+                pass
+            return
         try:
             self.shutdown(final=True)
         except Exception:  # pragma: no cover - never stand between a job and its exit
@@ -275,6 +284,16 @@ class Runtime:
             pass
 
     # -- end of run -------------------------------------------------------------------------
+    def flush(self, timeout: float) -> bool:
+        """Turn finished steps into telemetry and export it, within ``timeout`` seconds;
+        the run goes on. True if everything went out."""
+        deadline = time.monotonic() + timeout
+        done = self.pipeline.flush(timeout * 0.5)
+        guard = self.guard
+        if guard is not None and not guard.silenced:
+            done = guard.flush(max(0.0, deadline - time.monotonic())) and done
+        return done
+
     def summary_dict(self) -> dict:
         return self.pipeline.summary.to_dict(self.telemetry.as_dict())
 
@@ -337,7 +356,9 @@ class Runtime:
             summary = self.summary_dict()
             if self.config.summary and summary["modes"]:
                 print(render(summary), file=sys.stderr, flush=True)
-            if self.config.summary_file and self._summary_file_ok:
+            # A process that timed no step (an instrumented torchrun launcher) has no
+            # summary to give -- and without RANK it would overwrite rank 0's file.
+            if self.config.summary_file and self._summary_file_ok and summary["modes"]:
                 write(summary, self.config.summary_file)
         except OSError as exc:
             self._summary_file_error(exc)

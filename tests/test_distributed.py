@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -48,7 +49,8 @@ def job(tmp_path_factory):
     with OTLPReceiver() as receiver:
         env = otel_env(receiver.endpoint, tmp, OTEL_METRIC_EXPORT_INTERVAL="1000",
                        OTEL_TRAINING_TRACE_EVERY_N="1", OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000",
-                       OTEL_TRAINING_HARDWARE_INTERVAL="0.2", GLOO_SOCKET_IFNAME="lo")
+                       OTEL_TRAINING_HARDWARE_INTERVAL="0.2", GLOO_SOCKET_IFNAME="lo",
+                       OTEL_TRAINING_SUMMARY_FILE=str(tmp / "summary-{rank}.json"))
         cmd = [str(BIN / "opentelemetry-instrument"), str(BIN / "torchrun"), "--nnodes=1", "--nproc_per_node=2",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id={run_id}",
                str(SCRIPTS / "train_ddp.py"), "--steps", str(STEPS), "--sync-every", str(SYNC_EVERY),
@@ -58,7 +60,7 @@ def job(tmp_path_factory):
         assert "Traceback" not in r.stderr, r.stderr
         receiver.wait_for(lambda rc: len({res.get("service.instance.id") for res, m in rc.metrics()
                                           if m.name == "training.steps"}) == 2)
-        yield {"receiver": receiver, "run_id": run_id, "stdout": r.stdout}
+        yield {"receiver": receiver, "run_id": run_id, "stdout": r.stdout, "tmp": tmp}
 
 
 def _training(job):
@@ -182,3 +184,15 @@ def test_one_hardware_sampler_per_host(job):
     assert "system.cpu.utilization" in sources
     assert all(len(v) == 1 for v in sources.values()), sources  # no host series twice
     assert len(set().union(*sources.values())) == 1
+
+
+def test_one_summary_file_per_rank(job):
+    """The instrumented torchrun launcher (no RANK, no steps) must not overwrite rank 0's."""
+    files = sorted(job["tmp"].glob("summary-*.json"))
+    assert [f.name for f in files] == ["summary-0.json", "summary-1.json"]
+    for rank, f in enumerate(files):
+        summary = json.loads(f.read_text())
+        assert summary["rank"] == rank and summary["world_size"] == 2
+        assert summary["run_id"] == job["run_id"]
+        assert summary["modes"]["train"]["steps"] == STEPS
+        assert summary["telemetry"]["errors"] == 0

@@ -163,3 +163,33 @@ def test_sigterm_runs_the_bounded_shutdown_then_the_default_action(run, monkeypa
     assert rt._closed  # shut down (summary written, telemetry flushed)
     assert kills == [(signal.SIGTERM, signal.SIG_DFL)]  # then die of SIGTERM, as without us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_handler_that_chains_to_ours_keeps_control(run, monkeypatch):
+    """PyTorch Lightning installs its SIGTERM handler over ours and calls ours from it,
+    then stops at the next step to save state: we only flush, and do not kill."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=60_000))
+    rt = run(tp, MeterProvider())
+    ours = signal.getsignal(signal.SIGTERM)
+    stop_requested = []
+
+    def lightning_like(signum, frame):
+        stop_requested.append(signum)
+        ours(signum, frame)
+
+    previous = signal.signal(signal.SIGTERM, lightning_like)
+    kills = []
+    monkeypatch.setattr("os.kill", lambda pid, sig: kills.append(sig))
+    try:
+        _train(3)
+        lightning_like(signal.SIGTERM, None)
+        assert stop_requested == [signal.SIGTERM] and kills == []
+        assert not rt._closed  # the run goes on ...
+        assert exporter.get_finished_spans()  # ... with what was measured already exported
+        _train(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

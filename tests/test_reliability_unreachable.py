@@ -38,7 +38,7 @@ def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, t
     latency = r.exit_latency()
     assert latency <= EXIT_BOUND_S, f"exited {latency:.2f} s after training ended\n{r.stderr}"
     assert "Traceback" not in r.stderr, r.stderr
-    assert "otel-training: train — 60 steps" in r.stderr  # the summary still comes out
+    assert "otel-training: train" in r.stderr and "60 steps" in r.stderr  # the summary still comes out
     problems = [ln for ln in r.stderr_lines() if "telemetry problems:" in ln]
     assert len(problems) == 1 and "export_failures=" in problems[0] and "spans_dropped=" in problems[0]
 
