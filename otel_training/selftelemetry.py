@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import Counter
 from typing import Iterable, Optional
 
@@ -68,38 +69,77 @@ class SelfTelemetry:
         """Export the counts as the observable counters of the contract.
 
         ``attributes`` (host, rank) go on every point, so that ranks sharing a
-        resource stay distinct series. Callbacks only read integers.
+        resource stay distinct series. The SDK keeps the first callbacks registered
+        under a name on a meter, so the instruments are created once per meter and
+        read whichever SelfTelemetry registered last; counts of earlier ones (an
+        uninstrument, then instrument again) stay in, so the counters never go back.
         """
-        common = dict(attributes or {})
+        exported = _EXPORTED.get(meter)
+        if exported is None:
+            exported = _EXPORTED[meter] = _Exported()
+            exported.create_instruments(meter)
+        exported.switch_to(self, dict(attributes or {}))
 
-        def _one(value_of):
-            def callback(options) -> Iterable:
-                from opentelemetry.metrics import Observation
 
-                return [Observation(value_of(), common)]
-            return callback
+class _Exported:
+    """What the self-telemetry instruments of one meter report."""
 
-        def _by_component(counter: Counter, always: tuple):
-            def callback(options) -> Iterable:
-                from opentelemetry.metrics import Observation
+    def __init__(self) -> None:
+        self.current: Optional[SelfTelemetry] = None
+        self.attributes: dict = {}
+        self.retired = {"spans_dropped": 0, "steps_dropped": 0}
+        self.retired_failures: Counter = Counter()
+        self.retired_errors: Counter = Counter()
 
-                with self._lock:
-                    items = dict(counter)
-                for name in always:
-                    items.setdefault(name, 0)
-                return [Observation(n, {**common, sc.ATTR_COMPONENT: c}) for c, n in sorted(items.items())]
-            return callback
+    def switch_to(self, telemetry: SelfTelemetry, attributes: dict) -> None:
+        old = self.current
+        if old is not None and old is not telemetry:
+            with old._lock:
+                self.retired["spans_dropped"] += old.spans_dropped
+                self.retired["steps_dropped"] += old.steps_dropped
+                self.retired_failures.update(old.export_failures)
+                self.retired_errors.update(old.errors)
+        self.current = telemetry
+        self.attributes = attributes
 
+    def _scalar(self, name: str):
+        def callback(options) -> Iterable:
+            from opentelemetry.metrics import Observation
+
+            current = self.current
+            value = self.retired[name] + (getattr(current, name) if current is not None else 0)
+            return [Observation(value, self.attributes)]
+        return callback
+
+    def _by_component(self, field: str, retired: Counter, always: tuple):
+        def callback(options) -> Iterable:
+            from opentelemetry.metrics import Observation
+
+            items = Counter(retired)
+            current = self.current
+            if current is not None:
+                with current._lock:
+                    items.update(getattr(current, field))
+            for name in always:
+                items.setdefault(name, 0)
+            return [Observation(n, {**self.attributes, sc.ATTR_COMPONENT: c}) for c, n in sorted(items.items())]
+        return callback
+
+    def create_instruments(self, meter) -> None:
         meter.create_observable_counter(
-            sc.METRIC_SPANS_DROPPED, callbacks=[_one(lambda: self.spans_dropped)], unit="{span}",
+            sc.METRIC_SPANS_DROPPED, callbacks=[self._scalar("spans_dropped")], unit="{span}",
             description="Spans lost: refused by the full span queue or in a failed export")
         meter.create_observable_counter(
-            sc.METRIC_STEPS_DROPPED, callbacks=[_one(lambda: self.steps_dropped)], unit="{step}",
+            sc.METRIC_STEPS_DROPPED, callbacks=[self._scalar("steps_dropped")], unit="{step}",
             description="Finished steps dropped because the pipeline fell behind")
         meter.create_observable_counter(
             sc.METRIC_EXPORT_FAILURES,
-            callbacks=[_by_component(self.export_failures, (COMPONENT_TRACES, COMPONENT_METRICS))],
+            callbacks=[self._by_component("export_failures", self.retired_failures,
+                                          (COMPONENT_TRACES, COMPONENT_METRICS))],
             unit="{failure}", description="Failed OTLP exports, by signal")
         meter.create_observable_counter(
-            sc.METRIC_INTERNAL_ERRORS, callbacks=[_by_component(self.errors, ())], unit="{error}",
-            description="Errors inside otel-training, contained (training continued)")
+            sc.METRIC_INTERNAL_ERRORS, callbacks=[self._by_component("errors", self.retired_errors, ())],
+            unit="{error}", description="Errors inside otel-training, contained (training continued)")
+
+
+_EXPORTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # meter -> _Exported

@@ -266,3 +266,22 @@ def test_an_aborted_guard_fails_exports_at_once_and_counts_them():
     assert time.monotonic() - started < 1.0
     assert tel.export_failures["traces"] == 1 and tel.spans_dropped == 1
     guard.detach()
+
+
+def test_counters_stay_monotone_across_uninstrument_and_instrument_again(instrument):
+    """The SDK keeps the first callbacks of an instrument name on a meter: a second
+    instrumentation of the same providers must still be counted, and never go back."""
+    exporter = FailingSpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    values = []
+    for _ in range(2):
+        rt = instrument(tp, mp)
+        _train(2)
+        assert rt.pipeline.flush(5)
+        ((_, point),) = _points(reader, sc.METRIC_SPANS_DROPPED)
+        values.append(point.value)
+        otel_training.uninstrument()
+    assert 0 < values[0] < values[1] == exporter.calls
