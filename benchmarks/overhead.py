@@ -63,10 +63,11 @@ def _run_epoch(model, loader, opt, loss_fn) -> float:
     return (time.perf_counter() - start) / n
 
 
-def measure(name: str, width: int, depth: int, batch: int, steps: int, rounds: int) -> dict:
+def measure(name: str, width: int, depth: int, batch: int, steps: int, rounds: int,
+            passthrough: int = 0) -> dict:
     from otel_training.instrumentor import TrainingInstrumentor
 
-    work = _workload(width, depth, batch, steps)
+    work = _workload(width, depth, batch, steps, passthrough)
     _run_epoch(*work)  # warm up allocator and kernels
     plain, instr = [], []
     for _ in range(rounds):
