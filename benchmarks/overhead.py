@@ -93,7 +93,7 @@ def main() -> None:
     scale = 4 if args.quick else 1
     cases = [
         ("~1 ms steps", dict(width=256, depth=3, batch=64, steps=1200 // scale)),
-        ("~10 ms steps", dict(width=1024, depth=3, batch=256, steps=200 // scale)),
+        ("~10 ms steps", dict(width=640, depth=3, batch=160, steps=300 // scale)),
         ("3 submodules", dict(width=64, depth=1, batch=32, steps=1000 // scale)),
         ("500 submodules", dict(width=64, depth=1, batch=32, steps=1000 // scale, passthrough=497)),
     ]
