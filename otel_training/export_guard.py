@@ -107,16 +107,23 @@ def _metric_readers(meter_provider) -> list:
     return list(readers or ())
 
 
-def _set_event_in_child(event) -> None:
-    """``event.set()`` after a fork, never blocking on a lock another thread held."""
+def _set_event_in_child(event) -> bool:
+    """``event.set()`` after a fork, never blocking on a lock another thread held at
+    the fork (it stays held in the child forever). False if it could not be set."""
     cond = getattr(event, "_cond", None)
     try:
         if cond is None or cond.acquire(True, 0.05):
             if cond is not None:
                 cond.release()
             event.set()
+            return True
     except Exception:  # pragma: no cover - best effort
         pass
+    return False
+
+
+def _no_collect(*args, **kwargs) -> None:
+    return None
 
 
 class _CountingQueueMetrics:
@@ -349,9 +356,16 @@ class ExportGuard:
                 pass
         for reader in self._readers:
             try:
+                # Its ticker collects once more on the way out: after a fork that could
+                # wait forever on a lock a parent thread held, and there is nothing to
+                # send from here anyway.
+                reader.collect = _no_collect
                 event = getattr(reader, "_shutdown_event", None)
-                if event is not None:
-                    _set_event_in_child(event)
+                if event is not None and not _set_event_in_child(event):
+                    # The ticker re-reads the attribute after each wait: it leaves then.
+                    stop = threading.Event()
+                    stop.set()
+                    reader._shutdown_event = stop
                 threads.append(getattr(reader, "_daemon_thread", None))
             except Exception:  # pragma: no cover
                 pass

@@ -233,6 +233,10 @@ class Runtime:
     def disable_in_child(self, why: str) -> None:
         """This process is a forked child or a DataLoader worker: no hooks fire, no
         summary is printed, no export leaves it, and our threads and the SDK's stop."""
+        forked = why == "fork"
+        if forked:  # a lock some parent thread held at the fork stays held here forever
+            self._lock = threading.RLock()
+            self.telemetry._lock = threading.RLock()
         with self._lock:
             self._closed = True
         self.active = False
@@ -245,7 +249,8 @@ class Runtime:
         pipeline = self.pipeline
         pipeline._queue.clear()
         pipeline._stop = True
-        forked = why == "fork"
+        if not forked:  # a spawned worker started its own pipeline thread: wake it to leave
+            pipeline._wake.set()
         if self.guard is not None:
             self.guard.silence(join_timeout=0.0 if forked else 0.5)
         if self.hardware is not None and not forked:

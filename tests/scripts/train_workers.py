@@ -2,8 +2,8 @@
 
 One plain training loop per start method, two epochs each. Every worker writes what
 it sees to ``--report`` (one JSON file per worker process): its threads (after giving
-any exporter/sampler thread a second to stop), whether otel-training is active in it,
-and whether the tensor calls our hooks wrap raised. No OpenTelemetry in here.
+any exporter/sampler thread up to 3 s to stop) and whether otel-training is active in
+it; each item also calls a tensor method our hooks wrap. No OpenTelemetry in here.
 """
 
 import argparse
@@ -38,7 +38,7 @@ class Reporting(Dataset):
         info = torch.utils.data.get_worker_info()
         if info is not None and not self.reported:
             self.reported = True
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + 3.0
             while _our_threads() and time.monotonic() < deadline:
                 time.sleep(0.02)
             runtime = sys.modules.get("otel_training.runtime")
