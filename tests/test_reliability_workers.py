@@ -202,3 +202,21 @@ def test_pin_memory_thread_with_workers(tmp_path):
         w = json.loads(p.read_text())
         assert w["threads"] == [] and not w["otel_training_active"], w
     assert json.loads(summary_file.read_text())["telemetry"]["errors"] == 0
+
+
+@pytest.mark.slow
+def test_a_rank_started_by_torch_multiprocessing_spawn_stays_instrumented(tmp_path):
+    """A spawned child that is not a DataLoader worker is a training process: it keeps
+    its instrumentation (its own DataLoader worker, spawned in turn, goes silent)."""
+    env = otel_env(None, tmp_path, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                   OTEL_TRAINING_HARDWARE="false",
+                   OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{pid}.json"))
+    r = run(instrumented("train_mp_spawn.py"), env, timeout=240)
+    assert r.proc.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    rank_pid = int(r.marker("RANK_PID")[0])
+    files = sorted(p.name for p in tmp_path.glob("summary-*.json"))
+    assert files == [f"summary-{rank_pid}.json"]  # the rank only: no steps, no summary elsewhere
+    summary = json.loads((tmp_path / files[0]).read_text())
+    assert summary["modes"]["train"]["steps"] == 6
+    assert summary["telemetry"]["errors"] == 0
