@@ -13,6 +13,7 @@ from opentelemetry.trace import Status, StatusCode
 from otel_training import semconv as sc
 
 _ROOT_CONTEXT = Context()
+_INHERITED = (sc.ATTR_RANK, sc.ATTR_LOCAL_RANK, sc.ATTR_WORLD_SIZE)
 
 try:
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -63,13 +64,15 @@ def emit_step_spans(tracer, step, batch_name: str, times: Sequence[int], host: S
     root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset,
                              attributes=attributes)
     contexts = {}
+    inherited = {k: attributes[k] for k in _INHERITED if k in attributes}
     root_ctx = trace.set_span_in_context(root)
     for i, rec in enumerate(step.phases):
         if rec.end < 0:
             continue
         name = batch_name if rec.name == "batch" else rec.name
         parent_ctx = contexts.get(id(rec.up), root_ctx) if rec.up is not None else root_ctx
-        attrs = {sc.ATTR_HOST_DURATION: (host[rec.end] - host[rec.start]) / 1e9}
+        attrs = dict(inherited)  # rank attributes go on every span
+        attrs[sc.ATTR_HOST_DURATION] = (host[rec.end] - host[rec.start]) / 1e9
         if device is not None:
             attrs[sc.ATTR_DEVICE_DURATION] = (times[rec.end] - times[rec.start]) / 1e9
             if idle_by_rec is not None and i in idle_by_rec:
