@@ -43,6 +43,10 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
     environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", METRIC_EXPORT_INTERVAL_MS)
     # Exemplars link histogram buckets to the traces of sampled steps.
     environ.setdefault("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based")
+    # Our hardware gauges cover the system-metrics instrumentation's host set under the
+    # same semantic-convention names (system.cpu.utilization, ...) with other labels:
+    # both at once would give clashing series, so it is off unless asked for.
+    environ.setdefault("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "system_metrics")
     original = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     attrs = _drop_inherited(original, environ)
     present = {kv.split("=", 1)[0].strip() for kv in attrs.split(",") if "=" in kv}
