@@ -270,16 +270,32 @@ def _compute_findings(share, phases, gpu, where, mode_name) -> List[Finding]:
         ], phase=batch)]
 
 
+_WAITS = ("backward", "reduce_metrics")  # where synchronized ranks wait for each other
+
+
+def _own_time(rank: dict) -> float:
+    phases = rank.get("phase_mean_s") or {}
+    return max(0.0, rank["step_mean_s"] - sum(phases.get(p, 0.0) for p in _WAITS))
+
+
+def _slowest(ranks: List[dict], key) -> tuple:
+    slow = max(ranks, key=key)
+    med = median(key(r) for r in ranks if r is not slow)
+    return slow, (key(slow) / med if med else 0.0)
+
+
 def _straggler_findings(ranks: List[dict]) -> List[Finding]:
     timed = [r for r in ranks if r.get("step_mean_s")]
     if len(timed) < 2:
         return []
-    slow = max(timed, key=lambda r: r["step_mean_s"])
-    others = [r for r in timed if r is not slow]
-    med = median(r["step_mean_s"] for r in others)
-    ratio = slow["step_mean_s"] / med if med else 0.0
+    slow, ratio = _slowest(timed, lambda r: r["step_mean_s"])
     if ratio < STRAGGLER_RATIO:
-        return []
+        # Synchronized ranks (DDP) all take the same step time: the straggler shows in
+        # its own time, outside the phases where the others wait for it.
+        slow, ratio = _slowest(timed, _own_time)
+        if ratio < STRAGGLER_RATIO:
+            return []
+    others = [r for r in timed if r is not slow]
     # Prefer absolute per-step seconds (phase_mean_s); shares shift when any phase grows.
     field_ = "phase_mean_s" if slow.get("phase_mean_s") else "phases"
     diff_phase, diff = None, 0.0
@@ -289,7 +305,7 @@ def _straggler_findings(ranks: List[dict]) -> List[Finding]:
             diff_phase, diff = name, v - base
     where = f" on {slow['host']}" if slow.get("host") else ""
     detail = (f"rank {slow.get('rank')}{where} averages {slow['step_mean_s'] * 1e3:.1f} ms per "
-              f"step, {ratio:.2f}x the other ranks' median")
+              f"step ({_own_time(slow) * 1e3:.1f} ms outside waits), {ratio:.2f}x the other ranks' median")
     if diff_phase and field_ == "phase_mean_s":
         detail += f"; its {diff_phase} takes {diff * 1e3:.1f} ms more per step than the others'"
     elif diff_phase:

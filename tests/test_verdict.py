@@ -115,3 +115,20 @@ def test_telemetry_loss_is_reported_last_and_format():
     assert text.splitlines()[0].startswith("verdict: data-loading bound")
     assert "1. [high]" in text and "     - raise DataLoader num_workers" in text
     assert f[0].to_dict()["severity"] == "high"
+
+
+def test_straggler_hidden_by_synchronization_is_found_by_its_own_time():
+    # DDP: every rank takes 200 ms a step; rank 3 loads data for 120 ms while the
+    # others load for 20 ms and then wait ~100 ms for it inside backward.
+    ranks = [{"rank": r, "host": f"node{r}", "step_mean_s": 0.2,
+              "phase_mean_s": {"dataloader_next": 0.02, "forward": 0.03, "backward": 0.14}} for r in range(4)]
+    ranks[3]["phase_mean_s"] = {"dataloader_next": 0.12, "forward": 0.03, "backward": 0.04}
+    st = next(x for x in diagnose(_summary({"train_batch": 0.9}, ranks=ranks)) if x.kind == "straggler")
+    assert st.rank == 3 and "node3" in st.detail
+    assert "dataloader_next takes 100.0 ms more per step" in st.detail
+
+
+def test_even_synchronized_ranks_are_no_stragglers():
+    ranks = [{"rank": r, "step_mean_s": 0.2,
+              "phase_mean_s": {"dataloader_next": 0.02, "backward": 0.14}} for r in range(4)]
+    assert not [x for x in diagnose(_summary({"train_batch": 0.9}, ranks=ranks)) if x.kind == "straggler"]
