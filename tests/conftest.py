@@ -329,3 +329,32 @@ def flatten(trees: Iterable[tuple]) -> List[str]:
         out.append(name)
         out.extend(flatten(kids))
     return out
+
+
+def reader_points(reader) -> dict:
+    """{metric name: [(attributes, value)]} from one collection of an in-memory reader."""
+    out: dict = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(
+                    (dict(p.attributes), p.value) for p in m.data.data_points)
+    return out
+
+
+def manual_steps(steps: int) -> None:
+    """A tiny training loop driven by ``otel_training.step()`` (no DataLoader)."""
+    import torch
+
+    import otel_training
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        with otel_training.step():
+            loss = model(torch.randn(4, 8)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()

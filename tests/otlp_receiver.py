@@ -77,31 +77,32 @@ class OTLPReceiver:
         self.stop()
 
     # -- reading what arrived ----------------------------------------------------------
+    def _walk(self, requests_attr: str, resource_field: str, scope_field: str, items_field: str) -> list:
+        """(resource attributes, scope name, item) for everything received."""
+        with self.lock:
+            requests = list(getattr(self, requests_attr))
+        out = []
+        for req in requests:
+            for rx in getattr(req, resource_field):
+                res = attributes(rx.resource.attributes)
+                for sx in getattr(rx, scope_field):
+                    out.extend((res, sx.scope.name, item) for item in getattr(sx, items_field))
+        return out
+
     def spans(self) -> list:
         """Every received span as (resource attributes dict, span proto)."""
-        out = []
-        with self.lock:
-            requests = list(self.trace_requests)
-        for req in requests:
-            for rs in req.resource_spans:
-                res = attributes(rs.resource.attributes)
-                for ss in rs.scope_spans:
-                    for span in ss.spans:
-                        out.append((res, span))
-        return out
+        return [(res, span) for res, _, span in self.scoped_spans()]
+
+    def scoped_spans(self) -> list:
+        return self._walk("trace_requests", "resource_spans", "scope_spans", "spans")
 
     def metrics(self) -> list:
         """Every received metric as (resource attributes dict, metric proto)."""
-        out = []
-        with self.lock:
-            requests = list(self.metric_requests)
-        for req in requests:
-            for rm in req.resource_metrics:
-                res = attributes(rm.resource.attributes)
-                for sm in rm.scope_metrics:
-                    for metric in sm.metrics:
-                        out.append((res, metric))
-        return out
+        return [(res, metric) for res, _, metric in self.scoped_metrics()]
+
+    def scoped_metrics(self) -> list:
+        """(resource attributes, scope name, metric proto) for every received metric."""
+        return self._walk("metric_requests", "resource_metrics", "scope_metrics", "metrics")
 
     def wait_for(self, predicate: Callable[["OTLPReceiver"], bool], timeout: float = 20.0) -> bool:
         deadline = time.monotonic() + timeout

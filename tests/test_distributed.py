@@ -30,16 +30,7 @@ RANK_KEYS = ("training.rank", "training.local_rank", "training.world_size")
 
 def _scoped_metrics(receiver):
     """(resource attributes, scope name, metric) for everything received."""
-    out = []
-    with receiver.lock:
-        requests = list(receiver.metric_requests)
-    for req in requests:
-        for rm in req.resource_metrics:
-            res = attributes(rm.resource.attributes)
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    out.append((res, sm.scope.name, m))
-    return out
+    return receiver.scoped_metrics()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests.fake_pynvml import FakeGpu, fake_nvml  # noqa: F401 (fixture)
 from otel_training.config import Config
+from tests.conftest import reader_points
 from otel_training.hardware import start_hardware_metrics
 from otel_training.hardware.agent_lock import HostLock
 
@@ -20,15 +21,7 @@ GPU_GAUGES = {
 PROCESS_GAUGES = {"process.gpu.memory.usage", "process.gpu.utilization"}
 
 
-def points(reader):
-    out = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else []:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(
-                    (dict(p.attributes), p.value) for p in m.data.data_points)
-    return out
+points = reader_points
 
 
 def by_gpu(got, name, **match):

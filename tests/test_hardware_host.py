@@ -10,6 +10,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_training.config import Config
+from tests.conftest import reader_points
 from otel_training.hardware import host as host_module
 from otel_training.hardware import start_hardware_metrics
 
@@ -22,16 +23,7 @@ HOST_GAUGES = {
 }
 
 
-def points(reader):
-    """{metric name: [(attributes, value)]} from one collection."""
-    out = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else []:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(
-                    (dict(p.attributes), p.value) for p in m.data.data_points)
-    return out
+points = reader_points
 
 
 def units(reader):

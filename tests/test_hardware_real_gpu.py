@@ -9,6 +9,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_training.config import Config
+from tests.conftest import reader_points
 from otel_training.hardware import start_hardware_metrics
 
 pytestmark = pytest.mark.gpu
@@ -28,15 +29,7 @@ def nvml():
     pynvml.nvmlShutdown()
 
 
-def points(reader):
-    out = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else []:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(
-                    (dict(p.attributes), p.value) for p in m.data.data_points)
-    return out
+points = reader_points
 
 
 def test_real_gpus_report_identity_and_plausible_values(nvml, tmp_path):

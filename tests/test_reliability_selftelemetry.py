@@ -34,6 +34,7 @@ from otel_training.export_guard import _RETRY_LOGGERS, ExportGuard
 from otel_training.instrumentor import TrainingInstrumentor
 from otel_training.selftelemetry import SelfTelemetry
 from otel_training.summary import render
+from tests.conftest import manual_steps
 
 CONFIG = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,
                              gpu_timing="off", summary=False, integrations=(), shutdown_timeout=2.0)
@@ -83,16 +84,7 @@ class FailingMetricExporter(MetricExporter):
         pass
 
 
-def _train(steps: int = 4) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(steps):
-        with otel_training.step():
-            loss = model(torch.randn(4, 8)).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+_train = manual_steps
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import otel_training
 from otel_training.config import load_config
 from otel_training.instrumentor import TrainingInstrumentor
 from tests.otlp_receiver import free_port
+from tests.conftest import manual_steps
 
 BUDGET = 1.0
 CONFIG = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,
@@ -46,15 +47,7 @@ class BlackholeExporter(SpanExporter):
         pass
 
 
-def _train(steps: int = 5) -> None:
-    model = torch.nn.Linear(8, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(steps):
-        with otel_training.step():
-            loss = model(torch.randn(4, 8)).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+_train = manual_steps
 
 
 @pytest.fixture
