@@ -28,17 +28,18 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     """Install all non-module hooks; returns removable handles (patches go to ``patcher``)."""
     handles = []
 
-    def phase_wrapper(name: str, component: str, begin=None):
-        begin = begin or (lambda: tracker.begin_phase(name, auto=True))
+    def phase_wrapper(component: str, begin: Callable[[], Any], end: Callable[[Any], None]):
+        """A wrapper that opens a phase with ``begin()`` (a falsy result: not
+        recording) and closes it with ``end(token)``, the user's call between."""
 
         def wrapper(wrapped, instance, args, kwargs):
-            opened = False
+            token = None
             try:
                 if tracker.step is not None and tracker.on_training_thread():
-                    opened = begin()
+                    token = begin()
             except Exception as exc:
                 on_error(component, exc)
-            if not opened:
+            if not token:
                 return wrapped(*args, **kwargs)
             try:
                 return wrapped(*args, **kwargs)
@@ -47,11 +48,15 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
                 raise
             finally:
                 try:
-                    tracker.end_phase(name)
+                    end(token)
                 except Exception as exc:
                     on_error(component, exc)
 
         return wrapper
+
+    def named_phase(name: str, component: str, begin=None):
+        return phase_wrapper(component, begin or (lambda: tracker.begin_phase(name, auto=True)),
+                             lambda _token: tracker.end_phase(name))
 
     # -- DataLoader ---------------------------------------------------------------
     from torch.utils.data import dataloader as dl
@@ -108,7 +113,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     patcher.wrap(dl._BaseDataLoaderIter, "__next__", next_wrapper)
 
     # -- backward -------------------------------------------------------------------
-    patcher.wrap(torch.autograd, "backward", phase_wrapper(sc.PHASE_BACKWARD, "backward", tracker.backward_begin))
+    patcher.wrap(torch.autograd, "backward", named_phase(sc.PHASE_BACKWARD, "backward", tracker.backward_begin))
 
     # -- optimizer step: torch's global hooks, not patches ------------------------------
     from torch.optim import optimizer as optim_mod
@@ -138,25 +143,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     handles.append(optim_mod.register_optimizer_step_post_hook(opt_post))
 
     # -- AMP: GradScaler.step is the optimizer step (its found-inf .item() included) --------
-    def scaler_step_wrapper(wrapped, instance, args, kwargs):
-        rec = None
-        try:
-            if tracker.step is not None and tracker.on_training_thread():
-                rec = tracker.optimizer_begin()
-        except Exception as exc:
-            on_error("optimizer", exc)
-        if rec is None:
-            return wrapped(*args, **kwargs)
-        try:
-            return wrapped(*args, **kwargs)
-        except BaseException as exc:
-            _mark_error(tracker, exc)
-            raise
-        finally:
-            try:
-                tracker.end_record(rec)
-            except Exception as exc:
-                on_error("optimizer", exc)
+    scaler_step_wrapper = phase_wrapper("optimizer", tracker.optimizer_begin, tracker.end_record)
 
     scaler_base = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if isinstance(scaler_base, type):
@@ -167,7 +154,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     # -- LR schedulers: the base step and every subclass that overrides it ----------------
     from torch.optim import lr_scheduler as lrs
 
-    lr_wrapper = phase_wrapper(sc.PHASE_LR_SCHEDULERS, "lr_scheduler")
+    lr_wrapper = named_phase(sc.PHASE_LR_SCHEDULERS, "lr_scheduler")
     base = getattr(lrs, "LRScheduler", None) or getattr(lrs, "_LRScheduler")
     for cls in _subclasses(base) | {base, getattr(lrs, "ReduceLROnPlateau", base)}:
         if "step" in vars(cls):
@@ -175,11 +162,11 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
 
     # -- device-to-host reads ---------------------------------------------------------
     for method in _FROM_DEVICE_METHODS:
-        patcher.wrap(torch.Tensor, method, phase_wrapper(sc.PHASE_FROM_DEVICE, "from_device"))
+        patcher.wrap(torch.Tensor, method, named_phase(sc.PHASE_FROM_DEVICE, "from_device"))
 
     # -- user collectives ----------------------------------------------------------------
     if torch.distributed.is_available():
-        reduce_wrapper = phase_wrapper(sc.PHASE_REDUCE_METRICS, "distributed")
+        reduce_wrapper = named_phase(sc.PHASE_REDUCE_METRICS, "distributed")
         for name in _COLLECTIVES:
             if hasattr(torch.distributed, name):
                 patcher.wrap(torch.distributed, name, reduce_wrapper)
