@@ -51,7 +51,7 @@ class StepTimeline:
         self.saw_forward = False
         self.grad_enabled = True
         self.error: Optional[BaseException] = None
-        self.source = source  # the DataLoader iterator that started it, or None
+        self.source = source  # id() of the DataLoader iterator that started it, or None
         self.extra: Optional[dict] = None  # user/integration attributes
 
     @property

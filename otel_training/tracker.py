@@ -205,7 +205,7 @@ class Tracker:
         if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         step = self.step
-        new = step is None or step.source is iterator or _has_work(step)
+        new = step is None or step.source == id(iterator) or _has_work(step)
         if not new:  # zip(loader_a, loader_b): same step, another wait
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         self.driver = DRIVER_DATALOADER
@@ -214,7 +214,9 @@ class Tracker:
             self._close(token, now)  # the next step begins where this one ends
         elif started_at is not None:  # the iterator's start-up (workers) counts
             token, now = started_at
-        step = self._new_step(iterator, getattr(iterator, "_otel_epoch", None))
+        # Only the iterator's id is kept: holding the iterator would keep its worker
+        # processes alive after the user's loop let go of it (and fork copies of it).
+        step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))
         step.tokens.append(token)
         step.marks.append(now)
         self._open(sc.PHASE_DATALOADER_NEXT, True, 0)

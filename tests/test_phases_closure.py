@@ -48,3 +48,22 @@ def test_a_framework_driver_keeps_its_step_across_a_new_dataloader_loop(instrume
     (step,) = tel.steps()
     names = [s.name for s in step.spans]
     assert names.count("dataloader_next") >= 2 and "forward" in names
+
+
+def test_a_step_does_not_keep_its_dataloader_iterator_alive(instrumented):
+    """After ``break``, the loop's iterator (and its worker processes) must go away
+    as it would uninstrumented, not live on in the open step."""
+    import gc
+    import weakref
+
+    tel = instrumented()
+    model = make_model()
+    it = iter(DataLoader(make_dataset(16), batch_size=4))
+    ref = weakref.ref(it)
+    for x, _ in it:
+        model(x)
+        break
+    del it
+    gc.collect()
+    assert ref() is None
+    assert tel.tracker.step is not None  # the step is still open, yet holds no iterator
