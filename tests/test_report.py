@@ -88,7 +88,8 @@ def test_summary_report_merges_ranks_and_names_the_straggler(rank_summaries, cap
     ranks = rep["ranks"]["train"]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ranks[1]["step_mean_s"] > ranks[0]["step_mean_s"]
-    assert ranks[1]["phases"]["dataloader_next"] > ranks[0]["phases"]["dataloader_next"]
+    # seconds per step, not shares: one-off start-up costs in a 6-step run move shares
+    assert ranks[1]["phase_mean_s"]["dataloader_next"] > 2 * ranks[0]["phase_mean_s"]["dataloader_next"]
     assert rep["run"] == "run-abc" and rep["service"] == "report-test"
     kinds = [f["kind"] for f in rep["findings"]]
     # rank 1 is slow because of its data: both findings lead (their order depends on load)
