@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 from otel_training import environment_variables as ev
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import Optional
 
 from otel_training import semconv as sc
 from otel_training.capture import TailCapture

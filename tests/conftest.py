@@ -358,3 +358,28 @@ def manual_steps(steps: int) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
+
+
+def run_script_for_summary(tmp_path, source: str, timeout: float = 120, **env_overrides) -> tuple:
+    """Run ``source`` as a script (exporters off, hardware off) with a run-end summary
+    file; returns (summary dict, {train phase name: phase}). ``NAME=None`` unsets NAME."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    env = dict(os.environ, OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "s.json"), OTEL_TRAINING_HARDWARE="false",
+               OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    for name, value in env_overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    return summary, {p["name"]: p for p in summary["modes"]["train"]["phases"]}

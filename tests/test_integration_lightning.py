@@ -6,9 +6,7 @@ exporters; a deliberately slow callback must come out as the bottleneck, by name
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -16,6 +14,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_script_for_summary
 
 L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
 import torch  # noqa: E402
@@ -174,21 +174,12 @@ L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=Fa
 
 def test_lightning_imported_after_instrumentation(tmp_path):
     """The post-import hook arms the integration; the report names the callback."""
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "s.json"), OTEL_TRAINING_HARDWARE="false",
-               OTEL_TRAINING_INTEGRATIONS="lightning", OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "s.json").read_text())
-    phases = {p["name"]: p for p in summary["modes"]["train"]["phases"]}
+    summary, phases = run_script_for_summary(tmp_path, SCRIPT, OTEL_TRAINING_INTEGRATIONS="lightning")
     assert summary["modes"]["train"]["steps"] == 4
     assert phases["callback.Slow.on_train_batch_end"]["count"] == 4
     out = subprocess.run([sys.executable, "-c", "import sys; from otel_training.report import main; "
                           "sys.exit(main(sys.argv[1:]))", "--summary", str(tmp_path / "s.json")],
-                         cwd=root, capture_output=True, text=True, timeout=60)
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "callback.Slow.on_train_batch_end" in out.stdout
     assert "verdict: slow callback Slow: Slow.on_train_batch_end takes" in out.stdout

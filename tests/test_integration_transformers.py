@@ -6,15 +6,13 @@ CPU under the real instrumentor; a deliberately slow callback must be named.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_script_for_summary
 
 pytest.importorskip("accelerate", reason="accelerate is not installed (the Trainer needs it)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
@@ -164,18 +162,9 @@ Trainer(model=model, args=args, train_dataset=DS(), callbacks=[Upload()]).train(
 
 
 def test_transformers_imported_after_instrumentation(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "s.json"), OTEL_TRAINING_HARDWARE="false",
-               OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OUT_DIR=str(tmp_path / "out"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    env.pop("OTEL_TRAINING_INTEGRATIONS", None)  # default: all integrations
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "s.json").read_text())
-    phases = {p["name"]: p for p in summary["modes"]["train"]["phases"]}
+    summary, phases = run_script_for_summary(
+        tmp_path, SCRIPT, timeout=180, OUT_DIR=str(tmp_path / "out"), HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error", OTEL_TRAINING_INTEGRATIONS=None)  # default: all integrations
     assert summary["modes"]["train"]["steps"] == 4
     assert phases["callback.Upload.on_step_end"]["count"] == 4
     assert diagnose(summary)[0].title == "slow callback Upload"

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import torch
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,

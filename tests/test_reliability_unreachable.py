@@ -43,14 +43,19 @@ def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, t
     assert len(problems) == 1 and "export_failures=" in problems[0] and "spans_dropped=" in problems[0]
 
 
-def test_sigterm_flushes_within_the_budget_then_dies_of_sigterm(dead_endpoint, tmp_path):
+def _interrupt(sig, dead_endpoint, tmp_path):
+    """Start an endless instrumented loop, send ``sig`` once it trains; (run, rc, seconds to exit)."""
     r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
             _env(dead_endpoint, tmp_path))
     r.wait_for_line("READY")
     sent = __import__("time").time()
-    r.proc.send_signal(signal.SIGTERM)
+    r.proc.send_signal(sig)
     rc = r.wait(30)
-    took = r.exited_at - sent
+    return r, rc, r.exited_at - sent
+
+
+def test_sigterm_flushes_within_the_budget_then_dies_of_sigterm(dead_endpoint, tmp_path):
+    r, rc, took = _interrupt(signal.SIGTERM, dead_endpoint, tmp_path)
     assert rc == -signal.SIGTERM, (rc, r.stderr)  # the default action, as without us
     assert took <= EXIT_BOUND_S, f"exited {took:.2f} s after SIGTERM\n{r.stderr}"
     assert "otel-training: train —" in r.stderr  # our bounded shutdown ran first
@@ -58,13 +63,7 @@ def test_sigterm_flushes_within_the_budget_then_dies_of_sigterm(dead_endpoint, t
 
 
 def test_ctrl_c_exits_promptly(dead_endpoint, tmp_path):
-    r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
-            _env(dead_endpoint, tmp_path))
-    r.wait_for_line("READY")
-    sent = __import__("time").time()
-    r.proc.send_signal(signal.SIGINT)
-    rc = r.wait(30)
-    took = r.exited_at - sent
+    r, rc, took = _interrupt(signal.SIGINT, dead_endpoint, tmp_path)
     assert rc in (-signal.SIGINT, 1), (rc, r.stderr)  # KeyboardInterrupt, as without us
     assert took <= EXIT_BOUND_S, f"exited {took:.2f} s after SIGINT\n{r.stderr}"
     assert "KeyboardInterrupt" in r.stderr  # the user's traceback, unchanged
