@@ -83,7 +83,8 @@ class Runtime:
         }
         self.pipeline = Pipeline(
             tracer=tracer,
-            metrics=StepMetrics(meter, common),
+            metrics=StepMetrics(meter, common, meter_provider, __version__,
+                                lambda exc: self.telemetry.internal_error("metrics", exc)),
             capture=TailCapture(config.trace_slow_factor, config.trace_every_n, config.trace_max_per_second),
             summary=RunSummary(summary_info, self.timer.mode),
             timer=self.timer,

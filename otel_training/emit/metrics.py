@@ -1,33 +1,56 @@
-"""Per-step metrics: synchronous instruments, so traced steps carry exemplars."""
+"""Per-step metrics: step and phase histograms with exemplars, step counters.
+
+Histograms go through a ``HistogramBank`` (binned here, merged into each SDK
+reader's collection) when the SDK set-up allows it exactly, else through the SDK
+instruments. Either way traced steps carry exemplars.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from opentelemetry import trace
 
 from otel_training import semconv as sc
+from otel_training.emit.histograms import HistogramBank, bank_for
+
+_STEP_DESCRIPTION = "Duration of a training or eval step"
+_PHASE_DESCRIPTION = "Time a step spent in each phase"
 
 
 class StepMetrics:
     """Records one finished step's durations, counts and GPU idle time."""
 
-    def __init__(self, meter, common: dict) -> None:
+    def __init__(self, meter, common: dict, meter_provider: Any = None, scope_version: str = "",
+                 on_error: Optional[Callable[[BaseException], None]] = None) -> None:
         hist = dict(unit="s", explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS))
-        self._step = meter.create_histogram(
-            sc.METRIC_STEP_DURATION, description="Duration of a training or eval step", **hist)
-        self._phase = meter.create_histogram(
-            sc.METRIC_PHASE_DURATION, description="Time a step spent in each phase", **hist)
+        self._step = meter.create_histogram(sc.METRIC_STEP_DURATION, description=_STEP_DESCRIPTION, **hist)
+        self._phase = meter.create_histogram(sc.METRIC_PHASE_DURATION, description=_PHASE_DESCRIPTION, **hist)
         self._steps = meter.create_counter(sc.METRIC_STEPS, unit="{step}", description="Steps completed")
         self._samples = meter.create_counter(
             sc.METRIC_SAMPLES, unit="{sample}", description="Samples processed (inferred batch sizes)")
         self._idle = meter.create_counter(
             sc.METRIC_GPU_IDLE, unit="s", description="Time the GPU sat idle, by the phase the host was in")
         self._common = dict(common)
-        # Attribute dicts are built once and reused: no per-step allocation.
+        self.bank: Optional[HistogramBank] = None
+        if meter_provider is not None:
+            self.bank = bank_for(meter_provider, type(self._step), sc.SCOPE, scope_version,
+                                 sc.DURATION_BUCKETS, on_error)
+        if self.bank is not None:
+            self._fast_step = self.bank.histogram(sc.METRIC_STEP_DURATION, "s", _STEP_DESCRIPTION)
+            self._fast_phase = self.bank.histogram(sc.METRIC_PHASE_DURATION, "s", _PHASE_DESCRIPTION)
+        # Attribute dicts (and series) are built once and reused: no per-step allocation.
         self._mode_attrs: Dict[str, dict] = {}
-        self._phase_attrs: Dict[Tuple[str, str, str], dict] = {}
+        self._phase_attrs: Dict[Tuple[str, str, str], Any] = {}
+        self._step_series: Dict[str, Any] = {}
         self._idle_attrs: Dict[Tuple[str, str], dict] = {}
         # Counters are summed here and added once per pipeline drain (cheaper).
         self._pending: Dict[str, list] = {}
+
+    @property
+    def fast(self) -> bool:
+        """True when histograms are binned here rather than recorded through the SDK."""
+        return self.bank is not None
 
     def _for_mode(self, mode: str) -> dict:
         attrs = self._mode_attrs.get(mode)
@@ -36,17 +59,23 @@ class StepMetrics:
         return attrs
 
     def record(self, mode: str, duration_s: float, phases: Dict[Tuple[str, str], int],
-               idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None) -> None:
+               idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None,
+               end_ns: int = 0) -> None:
+        """``phases`` in nanoseconds; ``context`` holds the step's span when traced;
+        ``end_ns``: the step's end, epoch ns (the exemplar's time)."""
         attrs = self._for_mode(mode)
-        self._step.record(duration_s, attrs, context=context)
-        phase_attrs = self._phase_attrs
-        record = self._phase.record
-        for key, seconds in phases.items():  # nanoseconds in, seconds out
-            a = phase_attrs.get((mode,) + key)
-            if a is None:
-                a = phase_attrs[(mode,) + key] = {
-                    **attrs, sc.ATTR_PHASE: key[0], sc.ATTR_PHASE_PARENT: key[1]}
-            record(seconds / 1e9, a, context=context)
+        bank = self.bank
+        if bank is not None:
+            self._record_fast(bank, mode, attrs, duration_s, phases, context, end_ns)
+        else:
+            self._step.record(duration_s, attrs, context=context)
+            phase_attrs = self._phase_attrs
+            record = self._phase.record
+            for key, ns in phases.items():
+                a = phase_attrs.get((mode,) + key)
+                if a is None:
+                    a = phase_attrs[(mode,) + key] = self._phase_attributes(attrs, key)
+                record(ns / 1e9, a, context=context)
         pending = self._pending.get(mode)
         if pending is None:
             pending = self._pending[mode] = [0, 0]
@@ -59,6 +88,30 @@ class StepMetrics:
                     if a is None:
                         a = self._idle_attrs[(mode, name)] = {**attrs, sc.ATTR_PHASE: name}
                     self._idle.add(seconds, a)
+
+    @staticmethod
+    def _phase_attributes(attrs: dict, key: Tuple[str, str]) -> dict:
+        return {**attrs, sc.ATTR_PHASE: key[0], sc.ATTR_PHASE_PARENT: key[1]}
+
+    def _record_fast(self, bank: HistogramBank, mode: str, attrs: dict, duration_s: float,
+                     phases: Dict[Tuple[str, str], int], context, end_ns: int) -> None:
+        exemplar = None
+        if context is not None:
+            ctx = trace.get_current_span(context).get_span_context()
+            if ctx.is_valid and ctx.trace_flags.sampled:
+                exemplar = (ctx.trace_id, ctx.span_id, end_ns)
+        series = self._phase_attrs
+        add = bank.add
+        with bank.lock:
+            step_series = self._step_series.get(mode)
+            if step_series is None:
+                step_series = self._step_series[mode] = self._fast_step.series(attrs)
+            add(step_series, duration_s, exemplar)
+            for key, ns in phases.items():
+                s = series.get((mode,) + key)
+                if s is None:
+                    s = series[(mode,) + key] = self._fast_phase.series(self._phase_attributes(attrs, key))
+                add(s, ns / 1e9, exemplar)
 
     def flush(self) -> None:
         """Add the step and sample counts gathered since the last flush."""

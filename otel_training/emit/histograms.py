@@ -1,0 +1,297 @@
+"""Step and phase histograms binned here and merged into the SDK's collections.
+
+The SDK's ``Histogram.record()`` copies, validates and hashes the attributes on
+every call (about 6 µs); at one record per phase per step that was the largest
+cost of instrumenting short steps. Our series are few and fixed, so the pipeline
+bins each value itself (a bisect and a few adds) and every SDK metric reader gets
+the points added to its collection, with the reader's temporality, as the SDK would
+export them: same names, units, buckets, exemplars and scope.
+
+Only where that is exact: an SDK ``MeterProvider`` without views, whose readers all
+use the default histogram aggregation. Anywhere else ``attach`` says no and the
+caller records through the SDK instruments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import weakref
+from bisect import bisect_left
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+_INF = float("inf")
+
+
+class Series:
+    """One attribute set of one histogram: cumulative since the bank started."""
+
+    __slots__ = ("attributes", "counts", "sum", "count", "min", "max", "exemplars", "windows")
+
+    def __init__(self, attributes: dict, buckets: int) -> None:
+        self.attributes = attributes
+        self.counts = [0] * buckets
+        self.sum = 0.0
+        self.count = 0
+        self.min = _INF
+        self.max = -_INF
+        self.exemplars: Dict[int, tuple] = {}  # bucket -> (seq, Exemplar)
+        self.windows: List[list] = []  # [min, max] since each delta reader's last collection
+
+
+class FastHistogram:
+    """An explicit-bucket histogram instrument; ``series(attrs)`` once per attribute set."""
+
+    def __init__(self, bank: "HistogramBank", name: str, unit: str, description: str) -> None:
+        self.bank = bank
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self._series: Dict[Tuple, Series] = {}
+
+    def series(self, attributes: dict) -> Series:
+        """The series for ``attributes``; call with ``bank.lock`` held."""
+        key = tuple(sorted(attributes.items()))
+        s = self._series.get(key)
+        if s is None:
+            s = self._series[key] = Series(dict(attributes), len(self.bank.bounds) + 1)
+            s.windows = [[_INF, -_INF] for _ in range(self.bank.delta_readers)]
+        return s
+
+    def all_series(self) -> List[Series]:
+        return list(self._series.values())
+
+
+class _Reader:
+    __slots__ = ("reader", "original", "delta", "window", "last_ns", "prev", "exemplar_seq")
+
+    def __init__(self, reader: Any, original: Callable, delta: bool, window: int, start_ns: int) -> None:
+        self.reader = reader
+        self.original = original
+        self.delta = delta
+        self.window = window  # index into Series.windows (delta readers)
+        self.last_ns = start_ns
+        self.prev: Dict[int, tuple] = {}  # id(series) -> (counts, sum, count) at the last delta collection
+        self.exemplar_seq = 0
+
+
+_BANKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_BANKS_LOCK = threading.Lock()
+
+
+def bank_for(meter_provider: Any, instrument_class: type, scope_name: str, scope_version: str,
+             bounds: Sequence[float], on_error: Optional[Callable[[BaseException], None]] = None,
+             ) -> "Optional[HistogramBank]":
+    """The provider's bank (one per provider and scope, kept across re-instrumentation,
+    as the SDK keeps an instrument), or None where the SDK must record itself.
+    ``instrument_class``: the class of the SDK histogram this bank stands in for."""
+    key = (scope_name, scope_version, tuple(bounds))
+    with _BANKS_LOCK:
+        try:
+            banks = _BANKS.setdefault(meter_provider, {})
+        except TypeError:  # not weak-referenceable: not the SDK's provider
+            return None
+        bank = banks.get(key)
+        if bank is None:
+            bank = HistogramBank(scope_name, scope_version, bounds)
+            if not bank.attach(meter_provider, instrument_class):
+                return None
+            banks[key] = bank
+    bank.on_error = on_error
+    return bank
+
+
+class HistogramBank:
+    """Histograms of one instrumentation scope, exported through every SDK reader."""
+
+    def __init__(self, scope_name: str, scope_version: str, bounds: Sequence[float],
+                 on_error: Optional[Callable[[BaseException], None]] = None) -> None:
+        self.scope_name = scope_name
+        self.scope_version = scope_version
+        self.bounds = tuple(float(b) for b in bounds)
+        self.lock = threading.Lock()
+        self.histograms: List[FastHistogram] = []
+        self.delta_readers = 0
+        self.exemplars_on = True
+        self._readers: List[_Reader] = []
+        self._resource: Any = None
+        self._start_ns = time.time_ns()
+        self._seq = 0
+        self.on_error = on_error
+
+    def histogram(self, name: str, unit: str, description: str) -> FastHistogram:
+        """The instrument called ``name`` (created once, like the SDK's)."""
+        for h in self.histograms:
+            if h.name == name:
+                return h
+        h = FastHistogram(self, name, unit, description)
+        self.histograms.append(h)
+        return h
+
+    # -- recording (pipeline thread, under ``lock``) ------------------------------------
+    def add(self, s: Series, value: float, exemplar: Optional[tuple] = None) -> None:
+        """Count ``value`` in ``s``; ``exemplar``: (trace_id, span_id, time_ns) of a sampled span."""
+        i = bisect_left(self.bounds, value)
+        s.counts[i] += 1
+        s.sum += value
+        s.count += 1
+        if value < s.min:
+            s.min = value
+        if value > s.max:
+            s.max = value
+        for w in s.windows:
+            if value < w[0]:
+                w[0] = value
+            if value > w[1]:
+                w[1] = value
+        if exemplar is not None and self.exemplars_on:
+            from opentelemetry.sdk.metrics import Exemplar
+
+            self._seq += 1
+            trace_id, span_id, at = exemplar
+            s.exemplars[i] = (self._seq, Exemplar({}, value, at, span_id, trace_id))
+
+    # -- wiring into the SDK --------------------------------------------------------------
+    def attach(self, meter_provider: Any, instrument_class: type) -> bool:
+        """Merge our points into each reader's collections; False (nothing changed)
+        where that would not be exactly what the SDK itself would export."""
+        try:
+            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+            from opentelemetry.sdk.metrics.export import AggregationTemporality
+        except ImportError:  # pragma: no cover - the SDK ships with the package
+            return False
+        config = getattr(meter_provider, "_sdk_config", None)
+        if config is None or getattr(config, "views", None):
+            return False  # not the SDK's provider, or a view may rename, drop or rebucket
+        readers = getattr(meter_provider, "_metric_readers", None)
+        if readers is None:
+            readers = getattr(config, "metric_readers", None)
+        readers = list(readers or ())
+        if not readers:
+            return False
+        plans = []
+        for reader in readers:
+            collect = getattr(reader, "_collect", None)
+            # Keyed by the SDK's instrument classes: an instrument of any other meter
+            # (the API's no-op one) finds nothing here.
+            temporality = getattr(reader, "_instrument_class_temporality", {}).get(instrument_class)
+            aggregation = getattr(reader, "_instrument_class_aggregation", {}).get(instrument_class)
+            if not callable(collect) or temporality is None or not self._same_buckets(aggregation):
+                return False
+            plans.append((reader, collect, temporality == AggregationTemporality.DELTA))
+        self._resource = getattr(config, "resource", None)
+        self.exemplars_on = not isinstance(getattr(config, "exemplar_filter", None), AlwaysOffExemplarFilter)
+        for reader, collect, delta in plans:
+            state = _Reader(reader, collect, delta, self.delta_readers if delta else -1, self._start_ns)
+            if delta:
+                self.delta_readers += 1
+            self._readers.append(state)
+            reader._collect = self._collector(state)
+        return True
+
+    def _same_buckets(self, aggregation: Any) -> bool:
+        """Whether the reader's histogram aggregation yields our buckets, with min/max:
+        the default, or explicit buckets deferring to the instrument's advice (what
+        the OTLP exporters prefer) or naming the same boundaries."""
+        from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
+
+        if type(aggregation) is DefaultAggregation:
+            return True
+        if type(aggregation) is not ExplicitBucketHistogramAggregation:
+            return False
+        bounds = getattr(aggregation, "_boundaries", None)
+        return (getattr(aggregation, "_record_min_max", False) is True
+                and (bounds is None or tuple(float(b) for b in bounds) == self.bounds))
+
+    def detach(self) -> None:
+        """Give each reader its own collection back (only where ours is still in place)."""
+        for state in self._readers:
+            current = getattr(state.reader, "_collect", None)
+            if getattr(current, "_otel_training_bank", None) is self:
+                state.reader._collect = state.original
+        self._readers = []
+
+    def _collector(self, state: _Reader) -> Callable:
+        bank = self
+
+        def collect(reader: Any, *args: Any, **kwargs: Any) -> Any:
+            data = state.original(reader, *args, **kwargs)
+            try:
+                return bank._merge(state, data)
+            except Exception as exc:  # our bug: the SDK's own data still goes out
+                if bank.on_error is not None:
+                    bank.on_error(exc)
+                return data
+
+        collect._otel_training_bank = self  # type: ignore[attr-defined]
+        return collect
+
+    # -- collection (the reader's thread) ------------------------------------------------
+    def _merge(self, state: _Reader, data: Any) -> Any:
+        metrics = self.collect(state)
+        if not metrics:
+            return data
+        from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        if data is None or not data.resource_metrics:
+            resource = self._resource
+            if resource is None:
+                return data
+            scope = InstrumentationScope(self.scope_name, self.scope_version)
+            return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
+        first, *rest = data.resource_metrics
+        scopes = list(first.scope_metrics)
+        for i, sm in enumerate(scopes):
+            if sm.scope.name == self.scope_name and sm.scope.version == self.scope_version:
+                scopes[i] = dataclasses.replace(sm, metrics=list(sm.metrics) + metrics)
+                break
+        else:
+            scopes.append(ScopeMetrics(InstrumentationScope(self.scope_name, self.scope_version), metrics, ""))
+        return dataclasses.replace(data, resource_metrics=[dataclasses.replace(first, scope_metrics=scopes)] + rest)
+
+    def collect(self, state: _Reader) -> list:
+        """This reader's ``Metric``s since its last collection (delta) or since the start."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, HistogramDataPoint, Metric
+        from opentelemetry.sdk.metrics.export import Histogram as HistogramData
+
+        now = time.time_ns()
+        bounds = list(self.bounds)
+        out = []
+        with self.lock:
+            seq = state.exemplar_seq
+            for h in self.histograms:
+                points = []
+                for s in h._series.values():
+                    exemplars = [e for n, e in s.exemplars.values() if n > seq]
+                    if state.delta:
+                        counts, total, count = s.counts, s.sum, s.count
+                        prev = state.prev.get(id(s))
+                        if prev is not None:
+                            counts = [a - b for a, b in zip(counts, prev[0])]
+                            total, count = total - prev[1], count - prev[2]
+                        state.prev[id(s)] = (list(s.counts), s.sum, s.count)
+                        window = s.windows[state.window]
+                        lo, hi = window
+                        window[0], window[1] = _INF, -_INF
+                        if not count:
+                            continue
+                        start = state.last_ns
+                    else:
+                        if not s.count:
+                            continue
+                        counts, total, count, lo, hi, start = list(s.counts), s.sum, s.count, s.min, s.max, \
+                            self._start_ns
+                    points.append(HistogramDataPoint(
+                        attributes=dict(s.attributes), start_time_unix_nano=start, time_unix_nano=now,
+                        count=count, sum=total, bucket_counts=counts, explicit_bounds=bounds,
+                        min=lo, max=hi, exemplars=exemplars))
+                if points:
+                    temporality = (AggregationTemporality.DELTA if state.delta
+                                   else AggregationTemporality.CUMULATIVE)
+                    out.append(Metric(name=h.name, description=h.description, unit=h.unit,
+                                      data=HistogramData(data_points=points, aggregation_temporality=temporality)))
+            state.exemplar_seq = self._seq
+        state.last_ns = now
+        return out

@@ -1,0 +1,187 @@
+"""The binned histogram path exports exactly what the SDK's own path would.
+
+Each test records the same steps through ``StepMetrics`` twice: on a provider where
+the ``HistogramBank`` attaches, and on one where it must not (a View is configured,
+so the SDK records itself), then compares the collected points field by field.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import (ExplicitBucketHistogramAggregation,
+                                            ExponentialBucketHistogramAggregation, View)
+from opentelemetry.sdk.trace import TracerProvider
+
+from otel_training import semconv as sc
+from otel_training.emit.metrics import StepMetrics
+
+COMMON = {"host.name": "node-a"}
+PHASES = [("dataloader_next", "step"), ("forward", "train_batch"), ("backward", "train_batch"),
+          ("untracked", "step")]
+
+
+def _provider(delta: bool = False, views=(), **reader_kw):
+    if delta:
+        reader_kw["preferred_temporality"] = {Histogram: AggregationTemporality.DELTA}
+    reader = InMemoryMetricReader(**reader_kw)
+    return MeterProvider(metric_readers=[reader], views=list(views)), reader
+
+
+def _metrics(provider, errors=None) -> StepMetrics:
+    meter = provider.get_meter(sc.SCOPE, "1.0")
+    return StepMetrics(meter, COMMON, provider, "1.0", (errors.append if errors is not None else None))
+
+
+def _sdk_pair(delta: bool = False, **reader_kw):
+    """(fast StepMetrics, its reader), (SDK-path StepMetrics, its reader)."""
+    fast_provider, fast_reader = _provider(delta, **reader_kw)
+    # A view that matches nothing still makes the bank stand aside.
+    sdk_provider, sdk_reader = _provider(delta, views=[View(instrument_name="no.such.instrument")], **reader_kw)
+    fast, sdk = _metrics(fast_provider), _metrics(sdk_provider)
+    assert fast.fast and not sdk.fast
+    return (fast, fast_reader), (sdk, sdk_reader)
+
+
+def _record_steps(targets, n: int, seed: int, mode: str = sc.MODE_TRAIN, context=None) -> None:
+    rng = random.Random(seed)
+    for _ in range(n):
+        phases = {key: rng.randrange(50_000, 400_000_000) for key in PHASES if rng.random() < 0.9}
+        duration = sum(phases.values()) / 1e9
+        for m in targets:
+            m.record(mode, duration, phases, None, 32, context, 1_700_000_000_000_000_000)
+            m.flush()
+
+
+def _histogram_points(reader) -> dict:
+    """{(metric, sorted attributes): point} for the histograms of one collection."""
+    out = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name in (sc.METRIC_STEP_DURATION, sc.METRIC_PHASE_DURATION):
+                    assert sm.scope.name == sc.SCOPE
+                    for p in m.data.data_points:
+                        out[(m.name, m.unit, m.data.aggregation_temporality,
+                             tuple(sorted(p.attributes.items())))] = p
+    return out
+
+
+def _assert_same(fast_reader, sdk_reader) -> int:
+    fast, sdk = _histogram_points(fast_reader), _histogram_points(sdk_reader)
+    assert fast.keys() == sdk.keys()
+    for key, p in sdk.items():
+        q = fast[key]
+        assert (q.count, list(q.bucket_counts), list(q.explicit_bounds)) == \
+            (p.count, list(p.bucket_counts), list(p.explicit_bounds)), key
+        assert q.sum == pytest.approx(p.sum, rel=1e-12)
+        assert (q.min, q.max) == (p.min, p.max)
+        assert q.start_time_unix_nano <= q.time_unix_nano
+    return len(sdk)
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+@pytest.mark.parametrize("otlp_preference", [False, True], ids=["default", "explicit-buckets"])
+def test_binned_points_equal_the_sdk_points(delta, otlp_preference):
+    # The OTLP exporters prefer explicit buckets deferring to the instrument's advice.
+    kw = {"preferred_aggregation": {Histogram: ExplicitBucketHistogramAggregation()}} if otlp_preference else {}
+    (fast, fast_reader), (sdk, sdk_reader) = _sdk_pair(delta, **kw)
+    _record_steps([fast, sdk], 300, seed=1)
+    assert _assert_same(fast_reader, sdk_reader) == 1 + len(PHASES)
+    # A second interval: cumulative points grow, delta points hold only the new steps.
+    _record_steps([fast, sdk], 40, seed=2)
+    _record_steps([fast, sdk], 5, seed=3, mode=sc.MODE_EVAL)
+    assert _assert_same(fast_reader, sdk_reader) == 2 * (1 + len(PHASES))
+    if delta:  # nothing new: the SDK and the bank both leave the histograms out
+        assert _histogram_points(fast_reader) == {} == _histogram_points(sdk_reader)
+
+
+def test_exemplars_name_the_traced_step():
+    (fast, fast_reader), _ = _sdk_pair()
+    tracer = TracerProvider().get_tracer("t")
+    _record_steps([fast], 20, seed=4)
+    with tracer.start_as_current_span("step") as span:
+        context = trace.set_span_in_context(span)
+    fast.record(sc.MODE_TRAIN, 0.5, {key: 100_000_000 for key in PHASES}, None, 32, context,
+                1_700_000_000_000_000_000)
+    points = _histogram_points(fast_reader)
+    exemplars = [e for p in points.values() for e in p.exemplars]
+    assert len(exemplars) == len(points) == 1 + len(PHASES)  # one per series: the traced step
+    ctx = span.get_span_context()
+    assert {(e.trace_id, e.span_id) for e in exemplars} == {(ctx.trace_id, ctx.span_id)}
+    step_point = next(p for k, p in points.items() if k[0] == sc.METRIC_STEP_DURATION)
+    (exemplar,) = step_point.exemplars
+    assert exemplar.time_unix_nano == 1_700_000_000_000_000_000
+    # Exemplars go out once: the next collection has none.
+    assert not [e for p in _histogram_points(fast_reader).values() for e in p.exemplars]
+
+
+def test_stands_aside_where_it_would_not_be_exact():
+    _, reader = _provider()
+    exp_provider, _ = _provider(preferred_aggregation={Histogram: ExponentialBucketHistogramAggregation()})
+    assert not _metrics(exp_provider).fast
+    view_provider, _ = _provider(views=[View(instrument_name="*")])
+    assert not _metrics(view_provider).fast
+    other_buckets, _ = _provider(preferred_aggregation={Histogram: ExplicitBucketHistogramAggregation([1.0, 2.0])})
+    assert not _metrics(other_buckets).fast
+    no_min_max, _ = _provider(preferred_aggregation={
+        Histogram: ExplicitBucketHistogramAggregation(record_min_max=False)})
+    assert not _metrics(no_min_max).fast
+    same_buckets, _ = _provider(preferred_aggregation={
+        Histogram: ExplicitBucketHistogramAggregation(list(sc.DURATION_BUCKETS))})
+    assert _metrics(same_buckets).fast
+    no_readers = MeterProvider()
+    assert not _metrics(no_readers).fast
+    from opentelemetry.metrics import NoOpMeterProvider
+
+    noop = NoOpMeterProvider()
+    assert not StepMetrics(noop.get_meter("x"), COMMON, noop).fast
+
+
+def test_one_bank_per_provider_across_reinstrumentation():
+    provider, reader = _provider()
+    first = _metrics(provider)
+    _record_steps([first], 10, seed=6)
+    second = _metrics(provider)  # uninstrument + instrument again with the same provider
+    assert second.bank is first.bank
+    _record_steps([second], 5, seed=7)
+    points = _histogram_points(reader)
+    (step,) = [p for k, p in points.items() if k[0] == sc.METRIC_STEP_DURATION]
+    assert step.count == 15  # one cumulative series, as the SDK's instrument would keep
+
+
+def test_our_bug_at_collection_loses_nothing_of_the_sdk(monkeypatch):
+    provider, reader = _provider()
+    errors: list = []
+    m = _metrics(provider, errors)
+    _record_steps([m], 3, seed=8)
+    monkeypatch.setattr(type(m.bank), "collect", lambda self, state: 1 / 0)
+    data = reader.get_metrics_data()
+    names = {metric.name for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics}
+    assert sc.METRIC_STEPS in names  # the SDK's own counters still go out
+    assert len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
+
+
+@pytest.mark.parametrize("preference", ["cumulative", "delta"])
+def test_the_sdk_configurators_setup_takes_the_binned_path(monkeypatch, preference):
+    """What ``opentelemetry-instrument`` builds (a periodic reader, the OTLP exporter,
+    its temporality preference) must not silently fall back to the slow path."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", preference)
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint="http://127.0.0.1:9", insecure=True),
+                                           export_interval_millis=3_600_000)
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        m = _metrics(provider)
+        assert m.fast
+        (state,) = m.bank._readers
+        assert state.delta == (preference == "delta")
+    finally:
+        provider.shutdown(timeout_millis=100)
