@@ -22,6 +22,7 @@ DRIVER_NONE = "none"  # no step source seen yet: implicit steps at forward
 DRIVER_DATALOADER = "dataloader"
 DRIVER_MANUAL = "manual"
 _MAIN_THREAD = threading.main_thread().ident
+_get_ident = threading.get_ident
 
 
 class Tracker:
@@ -30,6 +31,7 @@ class Tracker:
     def __init__(self, sink: Callable[[StepTimeline], None], timer: Any, clock=time.perf_counter_ns):
         self._sink = sink
         self._timer = timer
+        self._timer_mark = timer.mark  # bound once: called at every boundary
         self._clock = clock
         self.step: Optional[StepTimeline] = None
         self._stack: List[PhaseRecord] = []
@@ -46,16 +48,17 @@ class Tracker:
     # ------------------------------------------------------------------ basics
     def _mark(self) -> int:
         step = self.step
-        step.tokens.append(self._timer.mark())
-        step.marks.append(self._clock())
-        return len(step.marks) - 1
+        step.tokens.append(self._timer_mark())
+        marks = step.marks
+        marks.append(self._clock())
+        return len(marks) - 1
 
     def on_training_thread(self, bind: bool = False) -> bool:
         """True on the thread we track. Until one is known, the main thread is it;
         another thread becomes it only through compute (``bind``: a forward, a
         backward, an optimizer step) -- not by iterating a DataLoader, which a
         prefetch thread may do first."""
-        ident = threading.get_ident()
+        ident = _get_ident()
         if self.thread is None:
             if bind or ident == _MAIN_THREAD:
                 self.thread = ident
@@ -379,13 +382,19 @@ def _has_work(step: StepTimeline) -> bool:
     return False
 
 
-def _grad_enabled() -> bool:
-    try:
-        import torch
+_is_grad_enabled: Optional[Callable[[], bool]] = None
 
-        return torch.is_grad_enabled()
-    except Exception:  # pragma: no cover - torch missing
-        return True
+
+def _grad_enabled() -> bool:
+    # torch is imported on first use, not with this module (the CLI needs no torch).
+    global _is_grad_enabled
+    if _is_grad_enabled is None:
+        try:
+            from torch import is_grad_enabled
+        except Exception:  # pragma: no cover - torch missing (the manual API alone)
+            return True
+        _is_grad_enabled = is_grad_enabled
+    return _is_grad_enabled()
 
 
 def infer_batch_size(batch: Any) -> Optional[int]:

@@ -26,9 +26,11 @@ from torch.nn.modules import module as _module
 from otel_training.hooks.patching import Patcher
 
 
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def _is_compiling() -> bool:
-    fn = getattr(torch.compiler, "is_compiling", None)
-    return bool(fn and fn())
+    return _compiling is not None and _compiling()
 
 
 def _optimized_module_class():

@@ -173,9 +173,11 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     return handles
 
 
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def _is_compiling() -> bool:
-    fn = getattr(torch.compiler, "is_compiling", None)
-    return bool(fn and fn())
+    return _compiling is not None and _compiling()
 
 
 def _with_wrapped_closure(tracker: Any, optimizer: Any, args: tuple, kwargs: dict):
