@@ -15,15 +15,13 @@ _MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned ou
 
 
 class _ModeStats:
-    __slots__ = ("steps", "samples", "step_ns", "phase_ns", "phase_count", "idle_ns", "durations",
-                 "first_start", "last_end")
+    __slots__ = ("steps", "samples", "step_ns", "phases", "idle_ns", "durations", "first_start", "last_end")
 
     def __init__(self) -> None:
         self.steps = 0
         self.samples = 0
         self.step_ns = 0
-        self.phase_ns: Dict[Tuple[str, str], int] = {}
-        self.phase_count: Dict[Tuple[str, str], int] = {}
+        self.phases: Dict[Tuple[str, str], list] = {}  # (name, parent) -> [total ns, count]
         self.idle_ns: Dict[str, int] = {}
         self.durations = array("d")
         self.first_start: Optional[int] = None
@@ -50,9 +48,13 @@ class RunSummary:
         if m.first_start is None:
             m.first_start = start_ns
         m.last_end = end_ns
+        phases = m.phases
         for key, ns in phases_ns.items():
-            m.phase_ns[key] = m.phase_ns.get(key, 0) + ns
-            m.phase_count[key] = m.phase_count.get(key, 0) + 1
+            slot = phases.get(key)
+            if slot is None:
+                slot = phases[key] = [0, 0]
+            slot[0] += ns
+            slot[1] += 1
         if idle_ns:
             for name, ns in idle_ns.items():
                 m.idle_ns[name] = m.idle_ns.get(name, 0) + ns
@@ -67,8 +69,7 @@ class RunSummary:
             ds = sorted(m.durations)
             pct = (lambda q: ds[min(len(ds) - 1, int(q * len(ds)))] if ds else 0.0)
             phases = []
-            for (name, parent), ns in sorted(m.phase_ns.items(), key=lambda kv: -kv[1]):
-                count = m.phase_count[(name, parent)]
+            for (name, parent), (ns, count) in sorted(m.phases.items(), key=lambda kv: -kv[1][0]):
                 phases.append({
                     "name": name, "parent": parent, "total_s": ns / 1e9,
                     "mean_s": ns / 1e9 / m.steps if m.steps else 0.0, "count": count,
