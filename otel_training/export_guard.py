@@ -100,7 +100,8 @@ def _span_processors(tracer_provider) -> list:
     return out
 
 
-def _metric_readers(meter_provider) -> list:
+def metric_readers(meter_provider) -> list:
+    """The SDK metric readers of ``meter_provider`` (none for other providers)."""
     readers = getattr(meter_provider, "_metric_readers", None)
     if readers is None:
         readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", ())
@@ -183,7 +184,7 @@ class ExportGuard:
                 if metrics is not None and not isinstance(metrics, _CountingQueueMetrics):
                     batch._metrics = _CountingQueueMetrics(metrics, self.telemetry.drop_spans)
                     self._undo.append(lambda b=batch, m=metrics: setattr(b, "_metrics", m))
-        for reader in _metric_readers(meter_provider):
+        for reader in metric_readers(meter_provider):
             self._readers.append(reader)
             exporter = getattr(reader, "_exporter", None)
             if exporter is not None:

@@ -185,3 +185,22 @@ def test_the_sdk_configurators_setup_takes_the_binned_path(monkeypatch, preferen
         assert state.delta == (preference == "delta")
     finally:
         provider.shutdown(timeout_millis=100)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_child_forked_while_the_lock_is_held_can_still_collect():
+    import os
+
+    provider, reader = _provider()
+    m = _metrics(provider)
+    _record_steps([m], 3, seed=9)
+    with m.bank.lock:  # the pipeline is mid-record when a DataLoader worker forks
+        pid = os.fork()
+        if pid == 0:  # the child: collect as the SDK does at exit, under a watchdog
+            import signal
+
+            signal.alarm(10)
+            ok = bool(_histogram_points(reader))
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -15,6 +15,7 @@ caller records through the SDK instruments.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import weakref
@@ -64,11 +65,10 @@ class FastHistogram:
 
 
 class _Reader:
-    __slots__ = ("reader", "original", "delta", "window", "last_ns", "prev", "exemplar_seq")
+    __slots__ = ("original", "delta", "window", "last_ns", "prev", "exemplar_seq")
 
-    def __init__(self, reader: Any, original: Callable, delta: bool, window: int, start_ns: int) -> None:
-        self.reader = reader
-        self.original = original
+    def __init__(self, original: Callable, delta: bool, window: int, start_ns: int) -> None:
+        self.original = original  # the reader's own collection
         self.delta = delta
         self.window = window  # index into Series.windows (delta readers)
         self.last_ns = start_ns
@@ -102,6 +102,12 @@ def bank_for(meter_provider: Any, instrument_class: type, scope_name: str, scope
     return bank
 
 
+def _reinit_lock(ref: "weakref.ref") -> None:
+    bank = ref()
+    if bank is not None:
+        bank.lock = threading.Lock()
+
+
 class HistogramBank:
     """Histograms of one instrumentation scope, exported through every SDK reader."""
 
@@ -119,6 +125,11 @@ class HistogramBank:
         self._start_ns = time.time_ns()
         self._seq = 0
         self.on_error = on_error
+        # A fork (a DataLoader worker) may happen while the pipeline holds the lock;
+        # the child's copy would then never be released, and the SDK collects at exit.
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _reinit_lock(ref))
 
     def histogram(self, name: str, unit: str, description: str) -> FastHistogram:
         """The instrument called ``name`` (created once, like the SDK's)."""
@@ -164,10 +175,9 @@ class HistogramBank:
         config = getattr(meter_provider, "_sdk_config", None)
         if config is None or getattr(config, "views", None):
             return False  # not the SDK's provider, or a view may rename, drop or rebucket
-        readers = getattr(meter_provider, "_metric_readers", None)
-        if readers is None:
-            readers = getattr(config, "metric_readers", None)
-        readers = list(readers or ())
+        from otel_training.export_guard import metric_readers
+
+        readers = metric_readers(meter_provider)
         if not readers:
             return False
         plans = []
@@ -183,7 +193,7 @@ class HistogramBank:
         self._resource = getattr(config, "resource", None)
         self.exemplars_on = not isinstance(getattr(config, "exemplar_filter", None), AlwaysOffExemplarFilter)
         for reader, collect, delta in plans:
-            state = _Reader(reader, collect, delta, self.delta_readers if delta else -1, self._start_ns)
+            state = _Reader(collect, delta, self.delta_readers if delta else -1, self._start_ns)
             if delta:
                 self.delta_readers += 1
             self._readers.append(state)
@@ -204,14 +214,6 @@ class HistogramBank:
         return (getattr(aggregation, "_record_min_max", False) is True
                 and (bounds is None or tuple(float(b) for b in bounds) == self.bounds))
 
-    def detach(self) -> None:
-        """Give each reader its own collection back (only where ours is still in place)."""
-        for state in self._readers:
-            current = getattr(state.reader, "_collect", None)
-            if getattr(current, "_otel_training_bank", None) is self:
-                state.reader._collect = state.original
-        self._readers = []
-
     def _collector(self, state: _Reader) -> Callable:
         bank = self
 
@@ -224,7 +226,6 @@ class HistogramBank:
                     bank.on_error(exc)
                 return data
 
-        collect._otel_training_bank = self  # type: ignore[attr-defined]
         return collect
 
     # -- collection (the reader's thread) ------------------------------------------------
