@@ -60,9 +60,6 @@ class FastHistogram:
             s.windows = [[_INF, -_INF] for _ in range(self.bank.delta_readers)]
         return s
 
-    def all_series(self) -> List[Series]:
-        return list(self._series.values())
-
 
 class _Reader:
     __slots__ = ("original", "delta", "window", "last_ns", "prev", "exemplar_seq")
