@@ -61,6 +61,49 @@ def test_only_root_modules_keep_hooks_after_the_first_step(instrumented):
         assert not m._forward_pre_hooks and not m._forward_hooks
 
 
+def _user_pre_hook(module, args):  # module-level: picklable, as a user's hook must be
+    module.calls = getattr(module, "calls", 0) + 1
+
+
+def test_roots_can_be_deep_copied_and_pickled(instrumented):
+    """EMA models (``copy.deepcopy``) and whole-model checkpoints (``torch.save``)
+    work as without instrumentation: copies keep the user's hooks, not ours."""
+    import copy
+    import io
+
+    tel = instrumented()
+    model, loss_fn = make_model(), torch.nn.CrossEntropyLoss()
+    model.register_forward_pre_hook(_user_pre_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(make_dataset(16), batch_size=4)
+    for batch in loader:
+        train_step(model, opt, batch, loss_fn)
+    assert set(map(id, tel.runtime.module_hooks.roots())) == {id(model), id(loss_fn)}
+    assert len(model._forward_pre_hooks) == 2
+
+    ema = copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    lossy = copy.deepcopy(loss_fn)
+    for clone in (ema, loaded):
+        assert list(clone._forward_pre_hooks.values()) == [_user_pre_hook]
+        assert not clone._forward_hooks and not clone._forward_hooks_always_called
+        assert torch.equal(clone[0].weight, model[0].weight)
+    assert not lossy._forward_pre_hooks and not lossy._forward_hooks
+    # the originals keep their hooks and are still timed
+    assert len(model._forward_pre_hooks) == 2 and len(model._forward_hooks) == 1
+    before, ema.calls = len(tel.steps()), 0
+    for batch in loader:
+        train_step(model, opt, batch, loss_fn)
+        with torch.no_grad():
+            ema(batch[0])
+    steps = tel.steps()[before:]
+    assert len(steps) == 4 and all(s.named("forward") for s in steps)
+    assert ema.calls == 4 and not tel.runtime.telemetry.errors
+
+
 def test_a_model_first_used_later_is_discovered(instrumented):
     baseline = _module_global_hooks()
     tel = instrumented()

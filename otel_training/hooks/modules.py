@@ -12,6 +12,11 @@ removed after the first step. ``torch.compile(module)`` wrappers are made roots 
 they are called; a ``module.compile()``'d module runs its hooks inside the
 compiled code, where they cannot time anything, so its compiled call is wrapped
 instead (restored on uninstrument).
+
+Copies: a root's hooks are bound to live state (the tracker, its threads), so
+``copy.deepcopy(model)`` or pickling a root (``torch.save(model)``) would try to
+copy that state and fail. ``Module.__getstate__`` -- the state both use -- is
+wrapped to leave our hooks out: a copy is a plain module again.
 """
 
 from __future__ import annotations
@@ -41,6 +46,23 @@ def _optimized_module_class():
     return OptimizedModule
 
 
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
+
+
+def _without_hooks(state: dict, module, ids: set) -> dict:
+    """``state`` with the hook entries ``ids`` left out (the module keeps its own)."""
+    if state is module.__dict__:
+        state = dict(state)
+    for name in _HOOK_DICTS:
+        entries = state.get(name)
+        if entries and not ids.isdisjoint(entries):
+            entries = entries.copy()
+            for i in ids:
+                entries.pop(i, None)
+            state[name] = entries
+    return state
+
+
 class RootModuleHooks:
     def __init__(self, tracker: Any, on_error) -> None:
         self._tracker = tracker
@@ -54,6 +76,7 @@ class RootModuleHooks:
         self.step_saw_root = False
         self._patcher = Patcher()
         self._patch_compile()
+        self._patch_getstate()
 
     # -- discovery -------------------------------------------------------------
     def arm(self) -> None:
@@ -138,6 +161,23 @@ class RootModuleHooks:
         except Exception as exc:
             self._on_error("forward", exc)
         return None
+
+    # -- copies and pickles ----------------------------------------------------------
+    def _patch_getstate(self) -> None:
+        hooks = self
+
+        def getstate(wrapped, instance, args, kwargs):
+            state = wrapped(*args, **kwargs)
+            try:
+                handles = hooks._roots.get(instance)
+                if handles is not None and isinstance(state, dict):
+                    state = _without_hooks(state, instance, {h.id for h in handles})
+            except Exception as exc:
+                hooks._on_error("forward", exc)
+            return state
+
+        if "__getstate__" in vars(torch.nn.Module):
+            self._patcher.wrap(torch.nn.Module, "__getstate__", getstate)
 
     # -- compiled modules ----------------------------------------------------------
     def _patch_compile(self) -> None:
