@@ -8,11 +8,13 @@ OpenTelemetry calls, no allocation beyond the step's lists.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any, Callable, List, Optional
 
 from otel_training import semconv as sc
+from otel_training.device_timing import DeviceTimer
 from otel_training.timeline import PhaseRecord, StepTimeline
 
 _BATCH = "batch"  # internal name of the train_batch/eval_batch container
@@ -31,8 +33,12 @@ class Tracker:
     def __init__(self, sink: Callable[[StepTimeline], None], timer: Any, clock=time.perf_counter_ns):
         self._sink = sink
         self._timer = timer
-        self._timer_mark = timer.mark  # bound once: called at every boundary
+        # Bound once: called at every boundary. A timer that does not override
+        # mark() (host clocks only) always returns None: no tokens are kept at all.
+        self._timer_mark = timer.mark if type(timer).mark is not DeviceTimer.mark else None
         self._clock = clock
+        torch = sys.modules.get("torch")  # the manual API needs no torch
+        self._grad_enabled = getattr(torch, "is_grad_enabled", None) or _grad_enabled
         self.step: Optional[StepTimeline] = None
         self._stack: List[PhaseRecord] = []
         self._batch: Optional[PhaseRecord] = None  # open container, if any
@@ -48,7 +54,9 @@ class Tracker:
     # ------------------------------------------------------------------ basics
     def _mark(self) -> int:
         step = self.step
-        step.tokens.append(self._timer_mark())
+        timer_mark = self._timer_mark
+        if timer_mark is not None:
+            step.tokens.append(timer_mark())
         marks = step.marks
         marks.append(self._clock())
         return len(marks) - 1
@@ -76,7 +84,7 @@ class Tracker:
         self._to_device_from = -1
         self._step_root = None
         self._optimizers = []
-        step.grad_enabled = _grad_enabled()
+        step.grad_enabled = self._grad_enabled()
         return step
 
     # ------------------------------------------------------------------ steps
@@ -90,13 +98,10 @@ class Tracker:
             self.discard_step()
         self.driver = driver
         self.thread = threading.get_ident()
-        token = self._timer.mark()
-        now = self._clock()
+        token, now = self._stamp()
         if self.step is not None:
             self._close(token, now)
-        step = self._new_step(source, epoch)
-        step.tokens.append(token)
-        step.marks.append(now)
+        self._push(self._new_step(source, epoch), token, now)
 
     def finish_step(self, error: Optional[BaseException] = None) -> None:
         """End the current step now (no-op without one)."""
@@ -104,12 +109,21 @@ class Tracker:
             return
         if error is not None:
             self.step.error = error
-        self._close(self._timer.mark(), self._clock())
+        self._close(*self._stamp())
+
+    def _stamp(self) -> tuple:
+        """(device token, host ns) of a boundary outside any step's marks yet."""
+        timer_mark = self._timer_mark
+        return (timer_mark() if timer_mark is not None else None), self._clock()
+
+    def _push(self, step: StepTimeline, token: Any, now: int) -> None:
+        if self._timer_mark is not None:
+            step.tokens.append(token)
+        step.marks.append(now)
 
     def _close(self, token: Any, now: int) -> None:
         step = self.step
-        step.tokens.append(token)
-        step.marks.append(now)
+        self._push(step, token, now)
         end = len(step.marks) - 1
         for rec in self._stack:  # phases left open (an exception, a break)
             if rec.end < 0:
@@ -181,15 +195,17 @@ class Tracker:
         stack = self._stack
         if self.step is None or not stack:
             return
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i].name == name:
-                break
+        if stack[-1].name == name:  # the usual case: the innermost phase
+            end = stack.pop().end = self._mark()
         else:
-            return
-        end = self._mark()
-        while len(stack) > i:
-            rec = stack.pop()
-            rec.end = end
+            for i in range(len(stack) - 2, -1, -1):
+                if stack[i].name == name:
+                    break
+            else:
+                return
+            end = self._mark()
+            while len(stack) > i:
+                stack.pop().end = end
         if name in _CHILDREN and self._batch is not None:
             self._batch_end = end
 
@@ -198,7 +214,7 @@ class Tracker:
         """``DataLoader.__iter__`` entered: a new loop ends the open step (unless a
         manual ``step()`` drives). Returns the instant, ``(token, ns)``, from which
         the loop's first step counts (so worker start-up lands in its first wait)."""
-        token, now = self._timer.mark(), self._clock()
+        token, now = self._stamp()
         if self.step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
             self._close(token, now)  # a framework or manual driver keeps its step
         return token, now
@@ -212,7 +228,7 @@ class Tracker:
         if not new:  # zip(loader_a, loader_b): same step, another wait
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         self.driver = DRIVER_DATALOADER
-        token, now = self._timer.mark(), self._clock()
+        token, now = self._stamp()
         if step is not None:
             self._close(token, now)  # the next step begins where this one ends
         elif started_at is not None:  # the iterator's start-up (workers) counts
@@ -220,8 +236,7 @@ class Tracker:
         # Only the iterator's id is kept: holding the iterator would keep its worker
         # processes alive after the user's loop let go of it (and fork copies of it).
         step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))
-        step.tokens.append(token)
-        step.marks.append(now)
+        self._push(step, token, now)
         self._open(sc.PHASE_DATALOADER_NEXT, True, 0)
         return True
 
@@ -283,7 +298,7 @@ class Tracker:
         elif not self.begin_phase(sc.PHASE_FORWARD, auto=True):
             return
         step.saw_forward = True
-        if not _grad_enabled():
+        if not self._grad_enabled():
             step.grad_enabled = False
 
     def forward_end(self) -> None:

@@ -22,6 +22,7 @@ wrapped to leave our hooks out: a copy is a plain module again.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -31,11 +32,9 @@ from torch.nn.modules import module as _module
 from otel_training.hooks.patching import Patcher
 
 
-_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-
-
-def _is_compiling() -> bool:
-    return _compiling is not None and _compiling()
+# torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+_get_ident = threading.get_ident
 
 
 def _optimized_module_class():
@@ -134,7 +133,7 @@ class RootModuleHooks:
             return None
         tracker = self._tracker
         try:
-            if not tracker.on_training_thread(True):
+            if tracker.thread != _get_ident() and not tracker.on_training_thread(True):
                 return None  # another thread's forward: not ours, nor our depth
             self.depth += 1
             if self.depth == 1:
@@ -149,7 +148,7 @@ class RootModuleHooks:
             return None
         tracker = self._tracker
         try:
-            if not tracker.on_training_thread(True):
+            if tracker.thread != _get_ident() and not tracker.on_training_thread(True):
                 return None
             if self.depth > 0:
                 self.depth -= 1
@@ -248,7 +247,8 @@ class RootModuleHooks:
     def on_step_end(self) -> None:
         """Called by the runtime after each step: re-arm discovery when needed."""
         if self.step_saw_root:
-            self.disarm()
+            if self._want_armed or self._discovery is not None:
+                self.disarm()
         else:
             self.arm()
         self.step_saw_root = False

@@ -9,7 +9,8 @@ unchanged (and mark the step as failed).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -28,14 +29,17 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     """Install all non-module hooks; returns removable handles (patches go to ``patcher``)."""
     handles = []
 
-    def phase_wrapper(component: str, begin: Callable[[], Any], end: Callable[[Any], None]):
+    def phase_wrapper(component: str, begin: Callable[[], Any], end: Optional[Callable[[Any], None]] = None,
+                      name: str = ""):
         """A wrapper that opens a phase with ``begin()`` (a falsy result: not
-        recording) and closes it with ``end(token)``, the user's call between."""
+        recording) and closes it with ``end(token)`` -- or, without ``end``, closes
+        the phase ``name`` -- the user's call between."""
+        end_phase = tracker.end_phase
 
         def wrapper(wrapped, instance, args, kwargs):
             token = None
             try:
-                if tracker.step is not None and tracker.on_training_thread():
+                if tracker.step is not None and (tracker.thread == _get_ident() or tracker.on_training_thread()):
                     token = begin()
             except Exception as exc:
                 on_error(component, exc)
@@ -48,15 +52,17 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
                 raise
             finally:
                 try:
-                    end(token)
+                    if end is None:
+                        end_phase(name)
+                    else:
+                        end(token)
                 except Exception as exc:
                     on_error(component, exc)
 
         return wrapper
 
     def named_phase(name: str, component: str, begin=None):
-        return phase_wrapper(component, begin or (lambda: tracker.begin_phase(name, auto=True)),
-                             lambda _token: tracker.end_phase(name))
+        return phase_wrapper(component, begin or (lambda: tracker.begin_phase(name, auto=True)), name=name)
 
     # -- DataLoader ---------------------------------------------------------------
     from torch.utils.data import dataloader as dl
@@ -81,8 +87,9 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     def next_wrapper(wrapped, instance, args, kwargs):
         recording = False
         try:
-            if tracker.on_training_thread():
-                started = instance.__dict__.pop("_otel_started", None) if hasattr(instance, "__dict__") else None
+            if tracker.thread == _get_ident() or tracker.on_training_thread():
+                state = getattr(instance, "__dict__", None)
+                started = state.pop("_otel_started", None) if state else None
                 recording = tracker.loader_next_begin(instance, started)
         except Exception as exc:
             on_error("dataloader", exc)
@@ -122,7 +129,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         if _is_compiling():  # a compiled optimizer step: stay out of the graph
             return
         try:
-            if tracker.on_training_thread(True):
+            if tracker.thread == _get_ident() or tracker.on_training_thread(True):
                 tracker.optimizer_pre(optimizer, sys._getframe(1))
                 if tracker.step is not None:
                     return _with_wrapped_closure(tracker, optimizer, args, kwargs)
@@ -134,7 +141,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         if _is_compiling():
             return
         try:
-            if tracker.on_training_thread(True):
+            if tracker.thread == _get_ident() or tracker.on_training_thread(True):
                 tracker.optimizer_post(optimizer)
         except Exception as exc:
             on_error("optimizer", exc)
@@ -173,11 +180,9 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
     return handles
 
 
-_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-
-
-def _is_compiling() -> bool:
-    return _compiling is not None and _compiling()
+# torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+_get_ident = threading.get_ident
 
 
 def _with_wrapped_closure(tracker: Any, optimizer: Any, args: tuple, kwargs: dict):
