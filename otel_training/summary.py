@@ -37,24 +37,39 @@ class RunSummary:
         self.started_at = time.time()
         self.modes: Dict[str, _ModeStats] = {}
 
-    def add(self, mode: str, start_ns: int, end_ns: int, phases_ns: Dict[Tuple[str, str], int],
-            idle_ns: Optional[Dict[str, int]], batch_size: Optional[int]) -> None:
+    def _mode(self, mode: str) -> _ModeStats:
         m = self.modes.get(mode)
         if m is None:
             m = self.modes[mode] = _ModeStats()
+        return m
+
+    def phase_totals(self, mode: str, key: Tuple[str, str]) -> list:
+        """The live ``[total ns, steps]`` of phase ``key`` (name, parent) in ``mode``."""
+        phases = self._mode(mode).phases
+        slot = phases.get(key)
+        if slot is None:
+            slot = phases[key] = [0, 0]
+        return slot
+
+    def add(self, mode: str, start_ns: int, end_ns: int, phases_ns: Dict[Tuple[str, str], int],
+            idle_ns: Optional[Dict[str, int]], batch_size: Optional[int]) -> None:
+        """One step, its phases as (name, parent) -> ns."""
+        for key, ns in phases_ns.items():
+            slot = self.phase_totals(mode, key)
+            slot[0] += ns
+            slot[1] += 1
+        self.add_step(mode, start_ns, end_ns, idle_ns, batch_size)
+
+    def add_step(self, mode: str, start_ns: int, end_ns: int, idle_ns: Optional[Dict[str, int]],
+                 batch_size: Optional[int]) -> None:
+        """One step's totals; its phases go to their ``phase_totals`` directly."""
+        m = self._mode(mode)
         m.steps += 1
         m.samples += batch_size or 0
         m.step_ns += end_ns - start_ns
         if m.first_start is None:
             m.first_start = start_ns
         m.last_end = end_ns
-        phases = m.phases
-        for key, ns in phases_ns.items():
-            slot = phases.get(key)
-            if slot is None:
-                slot = phases[key] = [0, 0]
-            slot[0] += ns
-            slot[1] += 1
         if idle_ns:
             for name, ns in idle_ns.items():
                 m.idle_ns[name] = m.idle_ns.get(name, 0) + ns

@@ -160,6 +160,27 @@ class HistogramBank:
             trace_id, span_id, at = exemplar
             s.exemplars[i] = (self._seq, Exemplar({}, value, at, span_id, trace_id))
 
+    def add_all(self, values: List[Tuple[Series, float]], exemplar: Optional[tuple] = None) -> None:
+        """``add`` for each ``(series, value)`` (one step's phases), in one call."""
+        bounds = self.bounds
+        if exemplar is not None and self.exemplars_on:
+            for s, value in values:
+                self.add(s, value, exemplar)
+            return
+        for s, value in values:
+            s.counts[bisect_left(bounds, value)] += 1
+            s.sum += value
+            s.count += 1
+            if value < s.min:
+                s.min = value
+            if value > s.max:
+                s.max = value
+            for w in s.windows:
+                if value < w[0]:
+                    w[0] = value
+                if value > w[1]:
+                    w[1] = value
+
     # -- wiring into the SDK --------------------------------------------------------------
     def attach(self, meter_provider: Any, instrument_class: type) -> bool:
         """Merge our points into each reader's collections; False (nothing changed)

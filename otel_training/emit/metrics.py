@@ -7,7 +7,7 @@ instruments. Either way traced steps carry exemplars.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opentelemetry import trace
 
@@ -58,24 +58,52 @@ class StepMetrics:
             attrs = self._mode_attrs[mode] = {**self._common, sc.ATTR_MODE: mode}
         return attrs
 
+    def phase_handle(self, mode: str, key: Tuple[str, str]) -> Any:
+        """The handle ``record_phases`` takes for phase ``key`` (name, parent) in
+        ``mode``: made once, so recording builds no attributes."""
+        handle = self._phase_attrs.get((mode,) + key)
+        if handle is None:
+            attrs = self._phase_attributes(self._for_mode(mode), key)
+            if self.bank is not None:
+                with self.bank.lock:
+                    handle = self._fast_phase.series(attrs)
+            else:
+                handle = attrs
+            self._phase_attrs[(mode,) + key] = handle
+        return handle
+
     def record(self, mode: str, duration_s: float, phases: Dict[Tuple[str, str], int],
                idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None,
                end_ns: int = 0) -> None:
-        """``phases`` in nanoseconds; ``context`` holds the step's span when traced;
-        ``end_ns``: the step's end, epoch ns (the exemplar's time)."""
+        """``phases``: (name, parent) -> nanoseconds; see ``record_phases``."""
+        handle = self.phase_handle
+        self.record_phases(mode, duration_s, [(handle(mode, key), ns / 1e9) for key, ns in phases.items()],
+                           idle, batch_size, context, end_ns)
+
+    def record_phases(self, mode: str, duration_s: float, phases: List[Tuple[Any, float]],
+                      idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None,
+                      end_ns: int = 0) -> None:
+        """One step: ``phases`` as (``phase_handle``, seconds); ``context`` holds the
+        step's span when traced; ``end_ns``: the step's end, epoch ns (the exemplar's time)."""
         attrs = self._for_mode(mode)
         bank = self.bank
         if bank is not None:
-            self._record_fast(bank, mode, attrs, duration_s, phases, context, end_ns)
+            exemplar = None
+            if context is not None:
+                ctx = trace.get_current_span(context).get_span_context()
+                if ctx.is_valid and ctx.trace_flags.sampled:
+                    exemplar = (ctx.trace_id, ctx.span_id, end_ns)
+            with bank.lock:
+                step_series = self._step_series.get(mode)
+                if step_series is None:
+                    step_series = self._step_series[mode] = self._fast_step.series(attrs)
+                bank.add(step_series, duration_s, exemplar)
+                bank.add_all(phases, exemplar)
         else:
             self._step.record(duration_s, attrs, context=context)
-            phase_attrs = self._phase_attrs
             record = self._phase.record
-            for key, ns in phases.items():
-                a = phase_attrs.get((mode,) + key)
-                if a is None:
-                    a = phase_attrs[(mode,) + key] = self._phase_attributes(attrs, key)
-                record(ns / 1e9, a, context=context)
+            for phase_attrs, seconds in phases:
+                record(seconds, phase_attrs, context=context)
         pending = self._pending.get(mode)
         if pending is None:
             pending = self._pending[mode] = [0, 0]
@@ -92,26 +120,6 @@ class StepMetrics:
     @staticmethod
     def _phase_attributes(attrs: dict, key: Tuple[str, str]) -> dict:
         return {**attrs, sc.ATTR_PHASE: key[0], sc.ATTR_PHASE_PARENT: key[1]}
-
-    def _record_fast(self, bank: HistogramBank, mode: str, attrs: dict, duration_s: float,
-                     phases: Dict[Tuple[str, str], int], context, end_ns: int) -> None:
-        exemplar = None
-        if context is not None:
-            ctx = trace.get_current_span(context).get_span_context()
-            if ctx.is_valid and ctx.trace_flags.sampled:
-                exemplar = (ctx.trace_id, ctx.span_id, end_ns)
-        series = self._phase_attrs
-        add = bank.add
-        with bank.lock:
-            step_series = self._step_series.get(mode)
-            if step_series is None:
-                step_series = self._step_series[mode] = self._fast_step.series(attrs)
-            add(step_series, duration_s, exemplar)
-            for key, ns in phases.items():
-                s = series.get((mode,) + key)
-                if s is None:
-                    s = series[(mode,) + key] = self._fast_phase.series(self._phase_attributes(attrs, key))
-                add(s, ns / 1e9, exemplar)
 
     def flush(self) -> None:
         """Add the step and sample counts gathered since the last flush."""
