@@ -117,10 +117,11 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         return batch
 
     patcher.wrap(dl.DataLoader, "__iter__", iter_wrapper)
-    patcher.wrap(dl._BaseDataLoaderIter, "__next__", next_wrapper)
+    patcher.wrap_plain(dl._BaseDataLoaderIter, "__next__", next_wrapper)  # every step: no wrapt
 
     # -- backward -------------------------------------------------------------------
-    patcher.wrap(torch.autograd, "backward", named_phase(sc.PHASE_BACKWARD, "backward", tracker.backward_begin))
+    patcher.wrap_plain(torch.autograd, "backward",
+                       named_phase(sc.PHASE_BACKWARD, "backward", tracker.backward_begin))
 
     # -- optimizer step: torch's global hooks, not patches ------------------------------
     from torch.optim import optimizer as optim_mod
