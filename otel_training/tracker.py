@@ -185,6 +185,14 @@ class Tracker:
                 self._batch = rec
                 self._open(name, auto, rec.start)
                 return True
+            if name == sc.PHASE_FORWARD and auto:
+                # A root right after another (the loss module after the model): the
+                # same forward goes on -- one phase, no new mark.
+                last = self.step.phases[-1]
+                if last.name == name and last.up is top and last.end == len(self.step.marks) - 1:
+                    last.end = -1
+                    self._stack.append(last)
+                    return True
         elif top is not None and top is self._batch:
             self._close_batch()
         self._open(name, auto)

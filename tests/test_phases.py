@@ -53,7 +53,8 @@ def test_phase_names_and_nesting(instrumented):
         assert s.tree() == ("step", (
             ("dataloader_next", ()),
             ("to_device", ()),
-            ("train_batch", (("forward", ()), ("forward", ()), ("backward", ()), ("optimizer_step", ()))),
+            # model then loss module: one forward (the loss continues it)
+            ("train_batch", (("forward", ()), ("backward", ()), ("optimizer_step", ()))),
             ("step_lr_schedulers", ()),
             ("from_device", ()),
         )), s
@@ -135,6 +136,51 @@ def test_planted_delays_are_recovered(instrumented):
     assert_close(totals["dataloader_next"], sum(waits), what="metric dataloader_next")
     assert_close(totals["untracked"], sum(planted["user"]), what="metric untracked")
     assert_close(totals["log"], sum(planted["log"]), what="metric log")
+
+
+class _SlowLoss(torch.nn.Module):
+    """A loss module with a planted delay."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay, self.slept = delay, []
+
+    def forward(self, out, y):
+        self.slept.append(spin(self.delay))
+        return torch.nn.functional.cross_entropy(out, y)
+
+
+class _SlowModel(torch.nn.Module):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.inner, self.delay, self.slept = make_model(), delay, []
+
+    def forward(self, x):
+        self.slept.append(spin(self.delay))
+        return self.inner(x)
+
+
+def test_the_loss_module_continues_the_models_forward(instrumented):
+    """model(x) then loss_fn(out, y): one forward phase holding both, not two;
+    a forward after a backward (gradient accumulation) is a phase of its own."""
+    tel = instrumented()
+    model, loss_fn = _SlowModel(0.01), _SlowLoss(0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(make_dataset(12), batch_size=4):
+        for _ in range(2):  # two micro-batches: forward, backward, forward, backward
+            loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = tel.steps()
+    assert len(steps) == 3
+    for i, s in enumerate(steps):
+        (batch,) = s.named("train_batch")
+        kids = s.children(batch)
+        assert [c.name for c in kids] == ["forward", "backward", "forward", "backward", "optimizer_step"]
+        for k in (0, 1):
+            planted = model.slept[2 * i + k] + loss_fn.slept[2 * i + k]
+            measured = span_duration(kids[2 * k])
+            assert planted <= measured < planted + 0.01, (measured, planted)
 
 
 def test_to_device_is_the_time_between_batch_and_forward(instrumented):
@@ -349,7 +395,7 @@ def test_generator_loop_without_dataloader_makes_implicit_steps(instrumented):
     for s in steps:
         assert s.mode == "train"
         (batch,) = s.named("train_batch")
-        assert [c.name for c in s.children(batch)] == ["forward", "forward", "backward", "optimizer_step"]
+        assert [c.name for c in s.children(batch)] == ["forward", "backward", "optimizer_step"]
         assert s.root.start_time == batch.start_time  # implicit steps begin at the forward
 
 
@@ -365,7 +411,7 @@ def test_generator_eval_loop_without_dataloader(instrumented):
     steps = tel.steps()
     assert [s.mode for s in steps] == ["eval"] * 3
     for s in steps:
-        assert [c.name for c in s.children(s.named("eval_batch")[0])] == ["forward", "forward"]
+        assert [c.name for c in s.children(s.named("eval_batch")[0])] == ["forward"]
 
 
 def test_generator_loop_after_a_dataloader_epoch(instrumented):
