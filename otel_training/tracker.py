@@ -18,6 +18,8 @@ from otel_training.device_timing import DeviceTimer
 from otel_training.timeline import PhaseRecord, StepTimeline
 
 _BATCH = "batch"  # internal name of the train_batch/eval_batch container
+_STEP = sc.SPAN_STEP
+_FORWARD = sc.PHASE_FORWARD
 _CHILDREN = frozenset(sc.BATCH_CHILDREN)
 
 DRIVER_NONE = "none"  # no step source seen yet: implicit steps at forward
@@ -156,11 +158,11 @@ class Tracker:
 
     # ------------------------------------------------------------------ phases
     def _open(self, name: str, auto: bool, at: Optional[int] = None) -> PhaseRecord:
-        start = self._mark() if at is None else at
-        up = self._stack[-1] if self._stack else None
-        rec = PhaseRecord(name, up.name if up is not None else sc.SPAN_STEP, start, auto, up)
+        stack = self._stack
+        up = stack[-1] if stack else None
+        rec = PhaseRecord(name, _STEP if up is None else up.name, self._mark() if at is None else at, auto, up)
         self.step.phases.append(rec)
-        self._stack.append(rec)
+        stack.append(rec)
         return rec
 
     def _close_batch(self) -> None:
@@ -173,27 +175,30 @@ class Tracker:
     def begin_phase(self, name: str, auto: bool = False) -> bool:
         """Open a phase; auto phases (from hooks) do not nest inside other auto
         phases, so ``.item()`` inside an optimizer is part of the optimizer."""
-        if self.step is None:
+        step = self.step
+        if step is None:
             return False
-        top = self._stack[-1] if self._stack else None
-        if auto and top is not None and top.auto and top is not self._batch:
+        stack = self._stack
+        top = stack[-1] if stack else None
+        batch = self._batch
+        if auto and top is not None and top.auto and top is not batch:
             return False
         self._to_device_from = -1
-        if name in _CHILDREN and (top is None or top is self._batch):
-            if self._batch is None:
-                rec = self._open(_BATCH, True)
-                self._batch = rec
-                self._open(name, auto, rec.start)
-                return True
-            if name == sc.PHASE_FORWARD and auto:
-                # A root right after another (the loss module after the model): the
-                # same forward goes on -- one phase, no new mark.
-                last = self.step.phases[-1]
-                if last.name == name and last.up is top and last.end == len(self.step.marks) - 1:
-                    last.end = -1
-                    self._stack.append(last)
+        if name in _CHILDREN:
+            if top is None or top is batch:
+                if batch is None:
+                    rec = self._batch = self._open(_BATCH, True)
+                    self._open(name, auto, rec.start)
                     return True
-        elif top is not None and top is self._batch:
+                if name == _FORWARD and auto:
+                    # A root right after another (the loss module after the model):
+                    # the same forward goes on -- one phase, no new mark.
+                    last = step.phases[-1]
+                    if last.name == name and last.up is top and last.end == len(step.marks) - 1:
+                        last.end = -1
+                        stack.append(last)
+                        return True
+        elif top is not None and top is batch:
             self._close_batch()
         self._open(name, auto)
         return True

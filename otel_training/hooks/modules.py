@@ -30,6 +30,7 @@ import torch
 from torch.nn.modules import module as _module
 
 from otel_training.hooks.patching import Patcher
+from otel_training.semconv import PHASE_FORWARD as _FORWARD
 
 
 # torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
@@ -156,7 +157,7 @@ class RootModuleHooks:
                 exc = sys.exc_info()[1]
                 if exc is not None and tracker.step is not None and tracker.step.error is None:
                     tracker.step.error = exc
-                tracker.forward_end()
+                tracker.end_phase(_FORWARD)
         except Exception as exc:
             self._on_error("forward", exc)
         return None
