@@ -7,31 +7,40 @@ raised; all under a token bucket so a burst cannot overflow the span queue.
 
 from __future__ import annotations
 
-import bisect
-from collections import deque
 from typing import Dict, Optional
 
 _WINDOW = 101  # steps in the running median
 _WARMUP = 10  # steps before "slow" means anything
+_REFRESH = 8
 
 
 class _RunningMedian:
-    __slots__ = ("_order", "_sorted")
+    """Median of the last _WINDOW values, recomputed every _REFRESH values: a
+    few steps stale at most, and a sort every few steps instead of an insort each."""
+
+    __slots__ = ("_ring", "_next", "value", "_stale")
 
     def __init__(self) -> None:
-        self._order: deque = deque()
-        self._sorted: list = []
+        self._ring: list = []
+        self._next = 0
+        self.value: Optional[int] = None  # None until _WARMUP values
+        self._stale = 0
 
     def add(self, value: int) -> None:
-        if len(self._order) == _WINDOW:
-            old = self._order.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-        self._order.append(value)
-        bisect.insort(self._sorted, value)
+        ring = self._ring
+        if len(ring) < _WINDOW:
+            ring.append(value)
+        else:
+            ring[self._next] = value
+            self._next = (self._next + 1) % _WINDOW
+        self._stale += 1
+        if self._stale >= _REFRESH or self.value is None:
+            self._stale = 0
+            if len(ring) >= _WARMUP:
+                self.value = sorted(ring)[len(ring) // 2]
 
     def median(self) -> Optional[int]:
-        n = len(self._sorted)
-        return self._sorted[n // 2] if n >= _WARMUP else None
+        return self.value
 
 
 class TailCapture:
@@ -52,7 +61,7 @@ class TailCapture:
         med = self._medians.get(mode)
         if med is None:
             med = self._medians[mode] = _RunningMedian()
-        median = med.median()
+        median = med.value
         med.add(duration_ns)
         if seen == 0:
             reason = "first"

@@ -199,10 +199,13 @@ class Pipeline:
         timing = self._timer.mode if device is not None else "off"
         summary = self.summary
         summary.timing = timing
+        values = []  # (metric handle, seconds) per phase
         for slot in touched:
+            ns = slot.ns
             totals = slot.totals
-            totals[0] += slot.ns
+            totals[0] += ns
             totals[1] += 1
+            values.append((slot.handle, ns / 1e9))
         summary.add_step(mode, times[0], times[-1], idle_ns, step.batch_size)
 
         reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
@@ -211,8 +214,8 @@ class Pipeline:
             context = self._trace(step, mode, times, host, device, untracked, reason, timing, idle_by_rec)
 
         idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
-        self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
-                                    idle_s, step.batch_size, context, self.offset + times[-1])
+        self._metrics.record_phases(mode, step_ns / 1e9, values, idle_s, step.batch_size, context,
+                                    self.offset + times[-1])
         if self.on_step_done is not None:
             self.on_step_done(step)
 

@@ -91,7 +91,13 @@ def test_binned_points_equal_the_sdk_points(delta, otlp_preference):
     # The OTLP exporters prefer explicit buckets deferring to the instrument's advice.
     kw = {"preferred_aggregation": {Histogram: ExplicitBucketHistogramAggregation()}} if otlp_preference else {}
     (fast, fast_reader), (sdk, sdk_reader) = _sdk_pair(delta, **kw)
-    _record_steps([fast, sdk], 300, seed=1)
+    # Enough steps that queued values are binned between collections too, and a
+    # traced step (binned at once) between untraced ones.
+    _record_steps([fast, sdk], 600, seed=1)
+    with TracerProvider().get_tracer("t").start_as_current_span("step") as span:
+        _record_steps([fast, sdk], 1, seed=5, context=trace.set_span_in_context(span))
+    _record_steps([fast, sdk], 500, seed=6)
+    assert max(len(s.pending) for h in fast.bank.histograms for s in h._series.values()) < 512
     assert _assert_same(fast_reader, sdk_reader) == 1 + len(PHASES)
     # A second interval: cumulative points grow, delta points hold only the new steps.
     _record_steps([fast, sdk], 40, seed=2)

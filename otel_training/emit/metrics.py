@@ -97,7 +97,7 @@ class StepMetrics:
                 step_series = self._step_series.get(mode)
                 if step_series is None:
                     step_series = self._step_series[mode] = self._fast_step.series(attrs)
-                bank.add(step_series, duration_s, exemplar)
+                phases.append((step_series, duration_s))
                 bank.add_all(phases, exemplar)
         else:
             self._step.record(duration_s, attrs, context=context)
