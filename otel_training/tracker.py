@@ -428,14 +428,14 @@ def _grad_enabled() -> bool:
 def infer_batch_size(batch: Any) -> Optional[int]:
     """First dimension of the first tensor in the batch (one level deep)."""
     try:
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
-        if isinstance(batch, dict):
-            items = batch.values()
-        elif isinstance(batch, (list, tuple)):
+        if isinstance(batch, (list, tuple)):  # the usual (inputs, targets): tested first
             items = batch
+        elif isinstance(batch, dict):
+            items = batch.values()
         else:
+            shape = getattr(batch, "shape", None)
+            if shape is not None:
+                return int(shape[0]) if len(shape) else None
             return None
         for item in items:
             shape = getattr(item, "shape", None)
