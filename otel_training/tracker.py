@@ -379,7 +379,10 @@ class Tracker:
         """Close the phase this optimizer's pre-hook opened, if any (an optimizer that
         steps an inner one must not end the outer phase early)."""
         pending = self._optimizers
-        for i in range(len(pending) - 1, -1, -1):
+        if pending and pending[-1][0] is optimizer:  # the usual case: the innermost
+            self.end_record(pending.pop()[1])
+            return
+        for i in range(len(pending) - 2, -1, -1):
             if pending[i][0] is optimizer:
                 rec = pending[i][1]
                 del pending[i:]
@@ -391,14 +394,18 @@ class Tracker:
         if rec is None or rec.end >= 0 or self.step is None:
             return
         stack = self._stack
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is rec:
-                break
+        if stack and stack[-1] is rec:  # the usual case: the innermost
+            end = rec.end = self._mark()
+            stack.pop()
         else:
-            return
-        end = self._mark()
-        while len(stack) > i:
-            stack.pop().end = end
+            for i in range(len(stack) - 2, -1, -1):
+                if stack[i] is rec:
+                    break
+            else:
+                return
+            end = self._mark()
+            while len(stack) > i:
+                stack.pop().end = end
         if rec.name in _CHILDREN and self._batch is not None:
             self._batch_end = end
 

@@ -132,7 +132,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         try:
             if tracker.thread == _get_ident() or tracker.on_training_thread(True):
                 tracker.optimizer_pre(optimizer, sys._getframe(1))
-                if tracker.step is not None:
+                if (args or kwargs) and tracker.step is not None:  # opt.step(): nothing to wrap
                     return _with_wrapped_closure(tracker, optimizer, args, kwargs)
         except Exception as exc:
             on_error("optimizer", exc)
