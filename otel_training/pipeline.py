@@ -153,26 +153,28 @@ class Pipeline:
         if slots is None:
             slots = self._slots[mode] = {}
 
-        # One pass: each phase's time this step, summed per (name, parent) slot.
+        # One pass: each phase's time this step, summed per (name, parent) slot;
+        # the slot's run totals count it once per step.
         self._seq = seq = self._seq + 1
         touched: List[_PhaseSlot] = []
-        top: Optional[List[Tuple[int, int, int]]] = [] if device is not None else None
         covered = 0
-        for i, rec in enumerate(step.phases):
+        phases = step.phases
+        for rec in phases:
             end = rec.end
             if end < 0:
                 continue
             ns = times[end] - times[rec.start]
             if rec.up is None:
                 covered += ns  # top-level phases never overlap
-                if top is not None:
-                    top.append((rec.start, end, i))
             slot = slots.get((rec.name, rec.parent))
             if slot is None:
                 slot = self._new_slot(slots, mode, rec.name, rec.parent)
+            totals = slot.totals
+            totals[0] += ns
             if slot.seen != seq:
                 slot.seen = seq
                 slot.ns = ns
+                totals[1] += 1
                 touched.append(slot)
             else:
                 slot.ns += ns
@@ -182,30 +184,27 @@ class Pipeline:
             slot = slots.get(_UNTRACKED_KEY)
             if slot is None:
                 slot = self._new_slot(slots, mode, *_UNTRACKED_KEY)
+            totals = slot.totals
+            totals[0] += untracked
             if slot.seen != seq:  # (a user phase may be called "untracked" too)
                 slot.seen = seq
                 slot.ns = untracked
+                totals[1] += 1
                 touched.append(slot)
             else:
                 slot.ns += untracked
 
         idle_ns: Optional[Dict[str, int]] = None
         idle_by_rec: Optional[Dict[int, int]] = None
-        if top is not None:
-            top.sort()
+        if device is not None:
+            top = sorted((rec.start, rec.end, i) for i, rec in enumerate(phases)
+                         if rec.up is None and rec.end >= 0)
             idle_ns, idle_by_rec = self._attribute_idle(step, host, device, top)
 
         # The events timer switches on lazily, when the program starts using CUDA.
         timing = self._timer.mode if device is not None else "off"
         summary = self.summary
         summary.timing = timing
-        values = []  # (metric handle, seconds) per phase
-        for slot in touched:
-            ns = slot.ns
-            totals = slot.totals
-            totals[0] += ns
-            totals[1] += 1
-            values.append((slot.handle, ns / 1e9))
         summary.add_step(mode, times[0], times[-1], idle_ns, step.batch_size)
 
         reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
@@ -214,8 +213,8 @@ class Pipeline:
             context = self._trace(step, mode, times, host, device, untracked, reason, timing, idle_by_rec)
 
         idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
-        self._metrics.record_phases(mode, step_ns / 1e9, values, idle_s, step.batch_size, context,
-                                    self.offset + times[-1])
+        self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
+                                    idle_s, step.batch_size, context, self.offset + times[-1])
         if self.on_step_done is not None:
             self.on_step_done(step)
 
