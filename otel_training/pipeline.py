@@ -32,16 +32,18 @@ _SLICE_NS = 200_000  # the longest we hold the GIL before handing it back
 
 
 _UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)
+_UNSET = object()
 
 
 class _PhaseSlot:
     """One (mode, phase, parent): its run totals, its metric handle, this step's time."""
 
-    __slots__ = ("totals", "handle", "ns", "seen")
+    __slots__ = ("totals", "handle", "push", "ns", "seen")
 
-    def __init__(self, totals: list, handle: Any) -> None:
+    def __init__(self, totals: list, handle: Any, push: Optional[Callable[[float], None]]) -> None:
         self.totals = totals  # the summary's live [total ns, steps]
         self.handle = handle  # StepMetrics.phase_handle
+        self.push = push  # StepMetrics.queue_for(handle): untraced steps' seconds go here
         self.ns = 0
         self.seen = 0  # the step (sequence number) ``ns`` belongs to
 
@@ -67,6 +69,8 @@ class Pipeline:
         self.on_step_done = on_step_done
         self._slots: Dict[str, Dict[Tuple[str, str], _PhaseSlot]] = {}
         self._seq = 0
+        self._step_push: Dict[str, Optional[Callable[[float], None]]] = {}
+        self._queued: Dict[str, list] = {}  # mode -> [steps, samples] queued since the last drain
 
     # -- training thread ------------------------------------------------------------
     def submit(self, step) -> None:
@@ -116,6 +120,10 @@ class Pipeline:
                 self._drain_steps(queue, deadline)
             finally:
                 try:
+                    for mode, counts in self._queued.items():
+                        if counts[0]:
+                            self._metrics.queued(mode, counts[0], counts[1])
+                            counts[0] = counts[1] = 0
                     self._metrics.flush()
                 except Exception as exc:
                     self._telemetry.internal_error("pipeline", exc)
@@ -212,17 +220,32 @@ class Pipeline:
         if reason is not None:
             context = self._trace(step, mode, times, host, device, untracked, reason, timing, idle_by_rec)
 
-        idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
-        self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
-                                    idle_s, step.batch_size, context, self.offset + times[-1])
+        step_push = self._step_push.get(mode, _UNSET)
+        if step_push is _UNSET:
+            step_push = self._step_push[mode] = self._metrics.step_queue(mode)
+        if context is None and idle_ns is None and step_push is not None:
+            # The usual step: its values are queued for binning in bulk.
+            for slot in touched:
+                slot.push(slot.ns / 1e9)
+            step_push(step_ns / 1e9)
+            counts = self._queued.get(mode)
+            if counts is None:
+                counts = self._queued[mode] = [0, 0]
+            counts[0] += 1
+            counts[1] += step.batch_size or 0
+        else:
+            idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
+            self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
+                                        idle_s, step.batch_size, context, self.offset + times[-1])
         if self.on_step_done is not None:
             self.on_step_done(step)
 
     def _new_slot(self, slots: dict, mode: str, name: str, parent: str) -> "_PhaseSlot":
         batch = sc.PHASE_TRAIN_BATCH if mode == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
         key = (batch if name == "batch" else name, batch if parent == "batch" else parent)
-        slot = slots[(name, parent)] = _PhaseSlot(self.summary.phase_totals(mode, key),
-                                                  self._metrics.phase_handle(mode, key))
+        handle = self._metrics.phase_handle(mode, key)
+        slot = slots[(name, parent)] = _PhaseSlot(self.summary.phase_totals(mode, key), handle,
+                                                  self._metrics.queue_for(handle))
         return slot
 
     def _trace(self, step, mode: str, times, host, device, untracked: int, reason: str, timing: str,

@@ -210,3 +210,35 @@ def test_a_child_forked_while_the_lock_is_held_can_still_collect():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_untraced_steps_queued_by_the_pipeline_match_the_run_summary(instrumented):
+    """Untraced steps skip the per-step recording: their values are queued on the
+    series and binned in bulk. Per phase, the histograms must hold every step (traced
+    or not, across collections) with the summary's totals."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from tests.conftest import make_dataset, make_model, train_step
+
+    tel = instrumented(trace_every_n=5, trace_slow_factor=0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for epoch in range(3):
+        for batch in DataLoader(make_dataset(40), batch_size=4):
+            train_step(model, opt, batch)
+            steps += 1
+        tel.metrics()  # a collection between epochs: queued values binned then
+    assert 0 < len(tel.steps()) < steps  # some traced, most not
+    summary = tel.runtime.pipeline.summary.to_dict()["modes"]["train"]
+    assert summary["steps"] == steps
+    (step_point,) = tel.points(sc.METRIC_STEP_DURATION)
+    assert step_point.count == steps
+    assert step_point.value == pytest.approx(summary["step_time_s"], rel=1e-9)
+    for phase in summary["phases"]:
+        (point,) = tel.points(sc.METRIC_PHASE_DURATION, {sc.ATTR_PHASE: phase["name"],
+                                                         sc.ATTR_PHASE_PARENT: phase["parent"]})
+        assert point.count == phase["count"], phase
+        assert point.value == pytest.approx(phase["total_s"], rel=1e-9), phase
+        assert sum(point.data.bucket_counts) == phase["count"]

@@ -29,8 +29,13 @@ _BIN_EVERY = 512  # bounds the values queued per series
 
 
 def _bin(bounds: tuple, s: "Series") -> None:
-    """Bin ``s.pending`` into ``s``, in order."""
-    values, s.pending = s.pending, []
+    """Bin ``s.pending`` into ``s``, in order (with the bank's lock held). The
+    list stays the same object and is cut, not swapped: a value appended meanwhile
+    by the pipeline (``Series.pending.append`` needs no lock) stays queued."""
+    pending = s.pending
+    n = len(pending)
+    values = pending[:n]
+    del pending[:n]
     counts = s.counts
     total = s.sum
     for value in values:
@@ -200,6 +205,13 @@ class HistogramBank:
         for s, value in values:
             s.pending.append(value)
         self._deferred += 1
+        if self._deferred >= _BIN_EVERY:
+            self.bin_pending()
+
+    def queued(self, steps: int) -> None:
+        """``steps`` more steps were queued straight into ``Series.pending``
+        (call with ``lock`` held): bins them once enough have gathered."""
+        self._deferred += steps
         if self._deferred >= _BIN_EVERY:
             self.bin_pending()
 

@@ -72,6 +72,31 @@ class StepMetrics:
             self._phase_attrs[(mode,) + key] = handle
         return handle
 
+    def queue_for(self, handle: Any) -> Optional[Callable[[float], None]]:
+        """Where an untraced step's value for ``handle`` may be appended directly
+        (the pipeline's fast path, see ``queued``); None when the SDK records."""
+        return handle.pending.append if self.bank is not None else None
+
+    def step_queue(self, mode: str) -> Optional[Callable[[float], None]]:
+        """``queue_for`` the step-duration series of ``mode``."""
+        if self.bank is None:
+            return None
+        with self.bank.lock:
+            series = self._step_series.get(mode)
+            if series is None:
+                series = self._step_series[mode] = self._fast_step.series(self._for_mode(mode))
+        return series.pending.append
+
+    def queued(self, mode: str, steps: int, samples: int) -> None:
+        """``steps`` untraced steps (``samples`` samples) went through the queues."""
+        pending = self._pending.get(mode)
+        if pending is None:
+            pending = self._pending[mode] = [0, 0]
+        pending[0] += steps
+        pending[1] += samples
+        with self.bank.lock:
+            self.bank.queued(steps)
+
     def record(self, mode: str, duration_s: float, phases: Dict[Tuple[str, str], int],
                idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None,
                end_ns: int = 0) -> None:
