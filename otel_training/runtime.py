@@ -91,7 +91,7 @@ class Runtime:
             telemetry=self.telemetry,
             span_attributes=common,
         )
-        self.tracker = Tracker(self._on_step, self.timer)
+        self.tracker = Tracker(self.pipeline.submit, self.timer)
         self.module_hooks = None
         self._handles: list = []
         self._patcher = None
@@ -104,12 +104,6 @@ class Runtime:
         self._summary_file_ok = True
 
     # -- wiring -------------------------------------------------------------------------
-    def _on_step(self, step) -> None:
-        self.pipeline.submit(step)
-        hooks = self.module_hooks
-        if hooks is not None:
-            hooks.on_step_end()
-
     def on_error(self, component: str, exc: BaseException) -> None:
         self.telemetry.internal_error(component, exc)
 
@@ -125,6 +119,7 @@ class Runtime:
         self._patcher = Patcher()
         self.module_hooks = RootModuleHooks(self.tracker, self.on_error)
         self.module_hooks.arm()
+        self.tracker.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
         self._handles = install_torch_hooks(self.tracker, self._patcher, self.on_error)
         self.pipeline.start()
         try:
@@ -265,6 +260,7 @@ class Runtime:
     def uninstall(self) -> None:
         """Remove every hook and patch (exact restore); telemetry so far is flushed."""
         self.shutdown(final=False)
+        self.tracker.after_step = None  # a later manual step() must not re-arm discovery
         if self.module_hooks is not None:
             self.module_hooks.remove()
         for handle in self._handles:

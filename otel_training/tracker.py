@@ -38,6 +38,9 @@ class Tracker:
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
         self._timer_mark = timer.mark if type(timer).mark is not DeviceTimer.mark else None
+        if self._timer_mark is None:
+            self._mark = self._mark_host
+        self.after_step: Optional[Callable[[], None]] = None  # called after each step is handed over
         self._clock = clock
         torch = sys.modules.get("torch")  # the manual API needs no torch
         self._grad_enabled = getattr(torch, "is_grad_enabled", None) or _grad_enabled
@@ -54,7 +57,14 @@ class Tracker:
         self.on_error: Optional[Callable[[BaseException], None]] = None
 
     # ------------------------------------------------------------------ basics
+    def _mark_host(self) -> int:
+        """``_mark`` for a timer that keeps no tokens."""
+        marks = self.step.marks
+        marks.append(self._clock())
+        return len(marks) - 1
+
     def _mark(self) -> int:
+        """Record a boundary in the current step: its index in ``marks``."""
         step = self.step
         timer_mark = self._timer_mark
         if timer_mark is not None:
@@ -137,6 +147,9 @@ class Tracker:
         self._batch = None
         self._optimizers = []
         self._sink(step)
+        after = self.after_step
+        if after is not None:
+            after()
 
     def discard_step(self) -> None:
         """Drop the current step (e.g. a DataLoader that raised StopIteration)."""
