@@ -61,6 +61,7 @@ class Pipeline:
         self._span_attrs = dict(span_attributes)
         self._queue: deque = deque()
         self._wake = threading.Event()
+        self._drained = threading.Event()  # set after each drain (flush waits on it)
         self._stop = False
         self._busy = False
         self._thread: Optional[threading.Thread] = None
@@ -97,7 +98,8 @@ class Pipeline:
             return not self._queue
         self._wake.set()
         while (self._queue or self._busy) and time.monotonic() < deadline:
-            time.sleep(0.002)
+            self._drained.wait(min(0.01, max(0.0, deadline - time.monotonic())))
+            self._drained.clear()
         return not self._queue
 
     def stop(self, timeout: float) -> None:
@@ -115,18 +117,24 @@ class Pipeline:
 
     def _drain(self, deadline: Optional[float]) -> None:
         queue = self._queue
-        if queue:
+        if not queue:
+            return
+        # Busy until the counters are added too: flush() returns only then.
+        self._busy = True
+        try:
+            self._drain_steps(queue, deadline)
+        finally:
             try:
-                self._drain_steps(queue, deadline)
+                for mode, counts in self._queued.items():
+                    if counts[0]:
+                        self._metrics.queued(mode, counts[0], counts[1])
+                        counts[0] = counts[1] = 0
+                self._metrics.flush()
+            except Exception as exc:
+                self._telemetry.internal_error("pipeline", exc)
             finally:
-                try:
-                    for mode, counts in self._queued.items():
-                        if counts[0]:
-                            self._metrics.queued(mode, counts[0], counts[1])
-                            counts[0] = counts[1] = 0
-                    self._metrics.flush()
-                except Exception as exc:
-                    self._telemetry.internal_error("pipeline", exc)
+                self._busy = False
+                self._drained.set()
 
     def _drain_steps(self, queue: deque, deadline: Optional[float]) -> None:
         clock = time.perf_counter_ns
@@ -134,14 +142,11 @@ class Pipeline:
         while queue:
             if deadline is not None and time.monotonic() > deadline:
                 return
-            self._busy = True
             step = queue.popleft()
             try:
                 self.process(step)
             except Exception as exc:  # our bug: count it, keep going
                 self._telemetry.internal_error("pipeline", exc)
-            finally:
-                self._busy = False
             # Hand the GIL back every time slice: the training thread never waits a
             # whole switch interval (5 ms) for us, and short steps do not pay a GIL
             # hand-over each.
