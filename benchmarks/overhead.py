@@ -8,6 +8,8 @@ so a shared machine's drift cancels out.
 
     .venv/bin/python benchmarks/overhead.py [--rounds 9] [--quick]
 
+(the ~10 ms case runs twice the rounds: its 1% target is within a noisy machine's spread)
+
 Targets: instrumented/plain <= 1.05 at ~1 ms steps, <= 1.01 at ~10 ms steps, and
 the added per-step cost with a 500-submodule model <= 1.2x that with 3 submodules.
 """
@@ -110,14 +112,16 @@ def measure(name: str, width: int, depth: int, batch: int, steps: int, rounds: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=9,
+                        help="rounds per case (the ~10 ms case runs twice as many: a 1%% target in "
+                             "a noisy machine's 10 ms steps needs them)")
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, noisier)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on small machines
     scale = 4 if args.quick else 1
     cases = [
         ("~1 ms steps", dict(width=256, depth=3, batch=64, steps=1200 // scale)),
-        ("~10 ms steps", dict(width=640, depth=3, batch=160, steps=300 // scale)),
+        ("~10 ms steps", dict(width=640, depth=3, batch=160, steps=300 // scale, rounds_factor=2)),
         ("3 submodules", dict(width=64, depth=1, batch=32, steps=1000 // scale)),
         ("500 submodules", dict(width=64, depth=1, batch=32, steps=1000 // scale, passthrough=497)),
     ]
@@ -125,7 +129,8 @@ def main() -> None:
     print(f"{'case':<16}{'plain ms/step':>15}{'instr ms/step':>15}{'ratio':>8}{'(quartiles)':>16}"
           f"{'added us/step':>15}")
     for name, kw in cases:
-        r = measure(name, rounds=args.rounds, **kw)
+        factor = kw.pop("rounds_factor", 1)
+        r = measure(name, rounds=args.rounds * factor, **kw)
         results[name] = r
         q = r["ratio_q"]
         print(f"{name:<16}{r['plain_ms']:>15.3f}{r['instr_ms']:>15.3f}{r['ratio']:>8.3f}"
