@@ -47,6 +47,18 @@ class _PhaseSlot:
         self.ns = 0
         self.seen = 0  # the step (sequence number) ``ns`` belongs to
 
+    def add(self, ns: int, seq: int, touched: list) -> None:
+        """``ns`` more in step ``seq``; the slot joins ``touched`` once per step."""
+        totals = self.totals
+        totals[0] += ns
+        if self.seen != seq:
+            self.seen = seq
+            self.ns = ns
+            totals[1] += 1
+            touched.append(self)
+        else:
+            self.ns += ns
+
 
 class Pipeline:
     def __init__(self, *, tracer, metrics: StepMetrics, capture: TailCapture, summary: RunSummary,
@@ -182,6 +194,8 @@ class Pipeline:
             slot = slots.get((rec.name, rec.parent))
             if slot is None:
                 slot = self._new_slot(slots, mode, rec.name, rec.parent)
+            # _PhaseSlot.add, inlined: this loop runs per phase per step, and the
+            # call alone costs more than its body.
             totals = slot.totals
             totals[0] += ns
             if slot.seen != seq:
@@ -197,15 +211,7 @@ class Pipeline:
             slot = slots.get(_UNTRACKED_KEY)
             if slot is None:
                 slot = self._new_slot(slots, mode, *_UNTRACKED_KEY)
-            totals = slot.totals
-            totals[0] += untracked
-            if slot.seen != seq:  # (a user phase may be called "untracked" too)
-                slot.seen = seq
-                slot.ns = untracked
-                totals[1] += 1
-                touched.append(slot)
-            else:
-                slot.ns += untracked
+            slot.add(untracked, seq, touched)  # (a user phase may be called "untracked" too)
 
         idle_ns: Optional[Dict[str, int]] = None
         idle_by_rec: Optional[Dict[int, int]] = None

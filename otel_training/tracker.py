@@ -185,6 +185,15 @@ class Tracker:
             batch.end = self._batch_end
             self._batch = None
 
+    def _close_down_to(self, i: int) -> int:
+        """End the open phases from the innermost down to ``self._stack[i]`` at one
+        new mark (phases left open inside the one being closed); returns it."""
+        stack = self._stack
+        end = self._mark()
+        while len(stack) > i:
+            stack.pop().end = end
+        return end
+
     def begin_phase(self, name: str, auto: bool = False) -> bool:
         """Open a phase; auto phases (from hooks) do not nest inside other auto
         phases, so ``.item()`` inside an optimizer is part of the optimizer."""
@@ -229,9 +238,7 @@ class Tracker:
                     break
             else:
                 return
-            end = self._mark()
-            while len(stack) > i:
-                stack.pop().end = end
+            end = self._close_down_to(i)
         if name in _CHILDREN and self._batch is not None:
             self._batch_end = end
 
@@ -416,9 +423,7 @@ class Tracker:
                     break
             else:
                 return
-            end = self._mark()
-            while len(stack) > i:
-                stack.pop().end = end
+            end = self._close_down_to(i)
         if rec.name in _CHILDREN and self._batch is not None:
             self._batch_end = end
 

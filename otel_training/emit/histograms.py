@@ -172,22 +172,10 @@ class HistogramBank:
     # -- recording (pipeline thread, under ``lock``) ------------------------------------
     def add(self, s: Series, value: float, exemplar: Optional[tuple] = None) -> None:
         """Count ``value`` in ``s``; ``exemplar``: (trace_id, span_id, time_ns) of a sampled span."""
-        if s.pending:
-            _bin(self.bounds, s)  # values keep their order: sums as the SDK's
-        i = bisect_left(self.bounds, value)
-        s.counts[i] += 1
-        s.sum += value
-        s.count += 1
-        if value < s.min:
-            s.min = value
-        if value > s.max:
-            s.max = value
-        for w in s.windows:
-            if value < w[0]:
-                w[0] = value
-            if value > w[1]:
-                w[1] = value
+        s.pending.append(value)  # after the queued ones: sums in order, as the SDK's
+        _bin(self.bounds, s)
         if exemplar is not None and self.exemplars_on:
+            i = bisect_left(self.bounds, value)
             from opentelemetry.sdk.metrics import Exemplar
 
             self._seq += 1
