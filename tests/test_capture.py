@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,26 @@ def test_uncaught_exception_in_user_code_marks_the_last_step(tmp_path):
     assert "ZeroDivisionError: user code" in proc.stderr
     roots = json.loads(proc.stdout.strip().splitlines()[-1])
     assert roots == [[0, "UNSET", []], [1, "UNSET", []], [2, "ERROR", ["ZeroDivisionError"]]]
+
+
+def test_flush_returns_only_once_the_counters_are_added(instrumented, monkeypatch):
+    """The pipeline adds a batch's step and sample counters after its steps; a flush
+    must wait for that too, or a collection right after it misses them."""
+    from otel_training.emit.metrics import StepMetrics
+
+    slow_flush = StepMetrics.flush
+
+    def flush(self):
+        time.sleep(0.05)  # a slow moment between the last step and the counters
+        slow_flush(self)
+
+    monkeypatch.setattr(StepMetrics, "flush", flush)
+    tel = instrumented(trace_every_n=0, trace_slow_factor=0)
+    for rounds in (1, 2):
+        _run(6)
+        tel.flush()
+        # read straight from the reader: tel.points() would flush again
+        data = tel.metric_reader.get_metrics_data()
+        steps = sum(dp.value for rm in data.resource_metrics for sm in rm.scope_metrics
+                    for m in sm.metrics if m.name == "training.steps" for dp in m.data.data_points)
+        assert steps == 6 * rounds
