@@ -39,9 +39,6 @@ class _RunningMedian:
             if len(ring) >= _WARMUP:
                 self.value = sorted(ring)[len(ring) // 2]
 
-    def median(self) -> Optional[int]:
-        return self.value
-
 
 class TailCapture:
     def __init__(self, slow_factor: float, every_n: int, max_per_second: float) -> None:

@@ -334,9 +334,6 @@ class Tracker:
         if not self._grad_enabled():
             step.grad_enabled = False
 
-    def forward_end(self) -> None:
-        self.end_phase(sc.PHASE_FORWARD)
-
     def backward_begin(self) -> bool:
         if self.step is None:
             return False

@@ -208,7 +208,7 @@ WHERE = ["dataset", "forward", "backward", "optimizer", "scheduler"]
 def test_user_exceptions_propagate_unchanged(instrumented, where, with_our_faults):
     tel = instrumented()
     if with_our_faults:  # our own bugs must not mask or replace the user's exception
-        for method in ("end_phase", "loader_next_end", "forward_end", "begin_phase"):
+        for method in ("end_phase", "loader_next_end", "forward_begin", "begin_phase"):
             setattr(tel.tracker, method, lambda *a, **k: (_ for _ in ()).throw(Injected("ours")))
     planted = UserError(f"user failure in {where}")
     with pytest.raises(UserError) as info:

@@ -34,7 +34,6 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         """A wrapper that opens a phase with ``begin()`` (a falsy result: not
         recording) and closes it with ``end(token)`` -- or, without ``end``, closes
         the phase ``name`` -- the user's call between."""
-        end_phase = tracker.end_phase
 
         def wrapper(wrapped, instance, args, kwargs):
             token = None
@@ -53,7 +52,7 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
             finally:
                 try:
                     if end is None:
-                        end_phase(name)
+                        tracker.end_phase(name)
                     else:
                         end(token)
                 except Exception as exc:
