@@ -45,11 +45,13 @@ def test_only_root_modules_keep_hooks_after_the_first_step(instrumented):
     assert seen and all(s == baseline for s in seen)  # the global pre-hook is gone
     roots = tel.runtime.module_hooks.roots()
     assert set(map(id, roots)) == {id(model), id(loss_fn)}
-    for root in (model, loss_fn):
-        assert len(root._forward_pre_hooks) == 1 and len(root._forward_hooks) == 1
+    for root in (model, loss_fn):  # timed by their own call, not torch's (slower) hook path
+        assert "_call_impl" in vars(root)
+        assert not root._forward_pre_hooks and not root._forward_hooks
     subs = list(model.modules())[1:]
     assert len(subs) == 25
     for sub in subs:
+        assert "_call_impl" not in vars(sub)
         assert not sub._forward_pre_hooks and not sub._forward_hooks
         assert not sub._backward_hooks and not sub._backward_pre_hooks
     for s in tel.steps():
@@ -59,7 +61,7 @@ def test_only_root_modules_keep_hooks_after_the_first_step(instrumented):
     tel.uninstrument()
     assert _module_global_hooks() == baseline
     for m in model.modules():
-        assert not m._forward_pre_hooks and not m._forward_hooks
+        assert not m._forward_pre_hooks and not m._forward_hooks and "_call_impl" not in vars(m)
 
 
 def _user_pre_hook(module, args):  # module-level: picklable, as a user's hook must be
@@ -80,7 +82,7 @@ def test_roots_can_be_deep_copied_and_pickled(instrumented):
     for batch in loader:
         train_step(model, opt, batch, loss_fn)
     assert set(map(id, tel.runtime.module_hooks.roots())) == {id(model), id(loss_fn)}
-    assert len(model._forward_pre_hooks) == 2
+    assert "_call_impl" in vars(model) and len(model._forward_pre_hooks) == 1
 
     ema = copy.deepcopy(model)
     buf = io.BytesIO()
@@ -91,10 +93,12 @@ def test_roots_can_be_deep_copied_and_pickled(instrumented):
     for clone in (ema, loaded):
         assert list(clone._forward_pre_hooks.values()) == [_user_pre_hook]
         assert not clone._forward_hooks and not clone._forward_hooks_always_called
+        assert "_call_impl" not in vars(clone)
         assert torch.equal(clone[0].weight, model[0].weight)
-    assert not lossy._forward_pre_hooks and not lossy._forward_hooks
-    # the originals keep their hooks and are still timed
-    assert len(model._forward_pre_hooks) == 2 and len(model._forward_hooks) == 1
+    assert "_call_impl" not in vars(lossy)
+    # the originals keep their timing and their user hook
+    assert "_call_impl" in vars(model) and "_call_impl" in vars(loss_fn)
+    assert list(model._forward_pre_hooks.values()) == [_user_pre_hook]
     before, ema.calls = len(tel.steps()), 0
     for batch in loader:
         train_step(model, opt, batch, loss_fn)
@@ -103,6 +107,43 @@ def test_roots_can_be_deep_copied_and_pickled(instrumented):
     steps = tel.steps()[before:]
     assert len(steps) == 4 and all(s.named("forward") for s in steps)
     assert ema.calls == 4 and not tel.runtime.telemetry.errors
+
+
+def test_a_dropped_root_is_freed_at_once_and_another_tools_call_is_kept(instrumented):
+    """Our timed call holds its root weakly (no cycle: a dropped model frees its
+    memory at once, not at the next full GC); a call another tool put in the
+    instance runs inside ours and is back after uninstrument."""
+    import gc
+    import weakref
+
+    tel = instrumented()
+    calls = []
+    model, other = make_model(), make_model()
+    torch_call = other._call_impl
+
+    def tools_call(*args, **kwargs):
+        calls.append(len(args))
+        return torch_call(*args, **kwargs)
+
+    other._call_impl = tools_call
+    opt = torch.optim.SGD(list(model.parameters()) + list(other.parameters()), lr=0.1)
+    for x, y in DataLoader(make_dataset(12), batch_size=4):
+        loss = torch.nn.functional.cross_entropy(model(x) + other(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert set(map(id, tel.runtime.module_hooks.roots())) == {id(model), id(other)}
+    assert vars(other)["_call_impl"] is not tools_call and calls == [1, 1, 1]
+    assert all(s.named("forward") for s in tel.steps())
+    ref = weakref.ref(model)
+    gc.disable()
+    try:
+        del model, opt
+        assert ref() is None
+    finally:
+        gc.enable()
+    tel.uninstrument()
+    assert vars(other)["_call_impl"] is tools_call
 
 
 def test_a_model_first_used_later_is_discovered(instrumented):

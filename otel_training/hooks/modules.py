@@ -6,6 +6,11 @@ no root forward is running is a root (the model, a loss module, a DDP or
 removed, so per-step cost does not grow with the number of submodules. It is
 re-armed after a step that saw no root forward (a new model appeared).
 
+A root is timed by an instance ``_call_impl`` (what ``Module.__call__`` runs)
+that opens and closes the forward phase around torch's own: registering forward
+hooks instead would send every root call down torch's slow hook path, which
+costs more than the timing itself.
+
 Compiled modules: the discovery hook is lifted while a compiled module runs, so
 dynamo never sees (nor guards on, nor warns about) it -- no recompile when it is
 removed after the first step. ``torch.compile(module)`` wrappers are made roots as
@@ -13,10 +18,10 @@ they are called; a ``module.compile()``'d module runs its hooks inside the
 compiled code, where they cannot time anything, so its compiled call is wrapped
 instead (restored on uninstrument).
 
-Copies: a root's hooks are bound to live state (the tracker, its threads), so
-``copy.deepcopy(model)`` or pickling a root (``torch.save(model)``) would try to
-copy that state and fail. ``Module.__getstate__`` -- the state both use -- is
-wrapped to leave our hooks out: a copy is a plain module again.
+Copies: a root's timed call is bound to live state (the tracker, its threads),
+so ``copy.deepcopy(model)`` or pickling a root (``torch.save(model)``) would try
+to copy that state and fail. ``Module.__getstate__`` -- the state both use -- is
+wrapped to leave it out: a copy is a plain module again.
 """
 
 from __future__ import annotations
@@ -46,21 +51,16 @@ def _optimized_module_class():
     return OptimizedModule
 
 
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
+_CALL = "_call_impl"
 
 
-def _without_hooks(state: dict, module, ids: set) -> dict:
-    """``state`` with the hook entries ``ids`` left out (the module keeps its own)."""
-    if state is module.__dict__:
-        state = dict(state)
-    for name in _HOOK_DICTS:
-        entries = state.get(name)
-        if entries and not ids.isdisjoint(entries):
-            entries = entries.copy()
-            for i in ids:
-                entries.pop(i, None)
-            state[name] = entries
-    return state
+def _restore(state: dict, call, prev) -> None:
+    """Put back, in ``state``, the call a root had before our timed ``call``."""
+    if state.get(_CALL) is call:
+        if prev is None:
+            del state[_CALL]
+        else:
+            state[_CALL] = prev
 
 
 class RootModuleHooks:
@@ -111,9 +111,11 @@ class RootModuleHooks:
         return self._discovery is not None
 
     def _add_root(self, module) -> None:
-        pre = module.register_forward_pre_hook(self._pre)
-        post = module.register_forward_hook(self._post, always_call=True)
-        self._roots[module] = (pre, post)
+        state = module.__dict__  # not setattr: OptimizedModule forwards it to the inner module
+        prev = state.get(_CALL)  # another tool's instance call: ours runs around it
+        call = self._root_caller(module, prev)
+        state[_CALL] = call
+        self._roots[module] = (call, prev)
 
     def _discover(self, module, args):
         if _is_compiling() or self.depth:
@@ -122,8 +124,15 @@ class RootModuleHooks:
             if module in self._roots or not self._tracker.on_training_thread(True):
                 return None
             self._add_root(module)
-            # Instance pre-hooks added now are not run for this call: run ours.
+            # This call is already past our timed call: time it with a one-shot hook.
             self._pre(module, args)
+            once = None
+
+            def post_once(mod, args, output):
+                once.remove()
+                self._post(mod, args, output)
+
+            once = module.register_forward_hook(post_once, always_call=True)
         except Exception as exc:  # our bug: never the user's problem
             self._on_error("forward", exc)
         return None
@@ -162,6 +171,28 @@ class RootModuleHooks:
             self._on_error("forward", exc)
         return None
 
+    def _root_caller(self, module, prev):
+        """The ``_call_impl`` of a root: torch's (or ``prev``) between ``_pre`` and
+        ``_post``. It holds the module weakly: no cycle keeps a dropped model alive."""
+        hooks = self
+        ref = weakref.ref(module)
+        impl = type(module)._call_impl
+
+        def call(*args, **kwargs):
+            mod = ref()
+            if _is_compiling():  # inside a compiled caller: stay out of the graph
+                return impl(mod, *args, **kwargs) if prev is None else prev(*args, **kwargs)
+            hooks._pre(mod, args)
+            try:
+                result = impl(mod, *args, **kwargs) if prev is None else prev(*args, **kwargs)
+            except BaseException:
+                hooks._post(mod, args, None)  # sees the exception: marks the step
+                raise
+            hooks._post(mod, args, result)
+            return result
+
+        return call
+
     # -- copies and pickles ----------------------------------------------------------
     def _patch_getstate(self) -> None:
         hooks = self
@@ -169,9 +200,11 @@ class RootModuleHooks:
         def getstate(wrapped, instance, args, kwargs):
             state = wrapped(*args, **kwargs)
             try:
-                handles = hooks._roots.get(instance)
-                if handles is not None and isinstance(state, dict):
-                    state = _without_hooks(state, instance, {h.id for h in handles})
+                entry = hooks._roots.get(instance)
+                if entry is not None and isinstance(state, dict) and state.get(_CALL) is entry[0]:
+                    if state is instance.__dict__:
+                        state = dict(state)
+                    _restore(state, *entry)
             except Exception as exc:
                 hooks._on_error("forward", exc)
             return state
@@ -260,9 +293,8 @@ class RootModuleHooks:
 
     def remove(self) -> None:
         self.disarm()
-        for pre, post in list(self._roots.values()):
-            pre.remove()
-            post.remove()
+        for module, entry in list(self._roots.items()):
+            _restore(module.__dict__, *entry)
         self._roots = weakref.WeakKeyDictionary()
         for module in list(self._compiled):
             call = module.__dict__.get("_compiled_call_impl")
