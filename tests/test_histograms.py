@@ -107,6 +107,19 @@ def test_binned_points_equal_the_sdk_points(delta, otlp_preference):
         assert _histogram_points(fast_reader) == {} == _histogram_points(sdk_reader)
 
 
+def test_values_on_a_bucket_bound_and_past_the_last_go_where_the_sdk_puts_them():
+    (fast, fast_reader), (sdk, sdk_reader) = _sdk_pair()
+    edges = [b * 1e9 for b in sc.DURATION_BUCKETS]  # ns, as phases are given
+    values = edges + [e + 1 for e in edges] + [edges[-1] * 3, 1]
+    random.Random(7).shuffle(values)
+    for v in values:  # more than one bin_pending: values queue, then bin in bulk
+        for m in (fast, sdk):
+            m.record(sc.MODE_TRAIN, v / 1e9, {PHASES[1]: v}, None, 1, None, 1_700_000_000_000_000_000)
+    for m in (fast, sdk):
+        m.flush()
+    assert _assert_same(fast_reader, sdk_reader) == 2
+
+
 def test_exemplars_name_the_traced_step():
     (fast, fast_reader), _ = _sdk_pair()
     tracer = TracerProvider().get_tracer("t")
