@@ -19,6 +19,7 @@ from otel_training.attribution import idle_between, synchronized_marks
 from otel_training.capture import TailCapture
 from otel_training.emit.metrics import StepMetrics
 from otel_training.emit.spans import emit_step_spans
+from otel_training.shapes import Shapes
 from otel_training.summary import RunSummary
 
 _MAX_PENDING = 4096
@@ -38,12 +39,12 @@ _UNSET = object()
 class _PhaseSlot:
     """One (mode, phase, parent): its run totals, its metric handle, this step's time."""
 
-    __slots__ = ("totals", "handle", "push", "ns", "seen")
+    __slots__ = ("totals", "handle", "queue", "ns", "seen")
 
-    def __init__(self, totals: list, handle: Any, push: Optional[Callable[[float], None]]) -> None:
+    def __init__(self, totals: list, handle: Any, queue: Optional[list]) -> None:
         self.totals = totals  # the summary's live [total ns, steps]
         self.handle = handle  # StepMetrics.phase_handle
-        self.push = push  # StepMetrics.queue_for(handle): untraced steps' seconds go here
+        self.queue = queue  # StepMetrics.queue_for(handle): untraced steps' seconds go here
         self.ns = 0
         self.seen = 0  # the step (sequence number) ``ns`` belongs to
 
@@ -82,7 +83,8 @@ class Pipeline:
         self.on_step_done = on_step_done
         self._slots: Dict[str, Dict[Tuple[str, str], _PhaseSlot]] = {}
         self._seq = 0
-        self._step_push: Dict[str, Optional[Callable[[float], None]]] = {}
+        self._step_queues: Dict[str, Optional[list]] = {}
+        self._shapes = Shapes(self._slot, self._step_queue) if metrics.fast else None
         self._queued: Dict[str, list] = {}  # mode -> [steps, samples] queued since the last drain
 
     # -- training thread ------------------------------------------------------------
@@ -163,8 +165,17 @@ class Pipeline:
             # whole switch interval (5 ms) for us, and short steps do not pay a GIL
             # hand-over each.
             if clock() >= slice_end:
+                self._add_shapes()
                 time.sleep(0)
                 slice_end = clock() + _SLICE_NS
+        self._add_shapes()
+
+    def _add_shapes(self) -> None:
+        if self._shapes is not None:
+            try:
+                self._shapes.flush()
+            except Exception as exc:  # our bug: count it, keep going
+                self._telemetry.internal_error("pipeline", exc)
 
     # -- per step ---------------------------------------------------------------------
     def process(self, step) -> None:
@@ -174,6 +185,22 @@ class Pipeline:
         device = self._timer.resolve(host, step.tokens) if self._timer.observes_device else None
         times = synchronized_marks(host, device) if device is not None else host
         mode = sc.MODE_TRAIN if (step.saw_backward or step.saw_optimizer) else sc.MODE_EVAL
+        step_ns = times[-1] - times[0]
+        reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
+        summary = self.summary
+        if reason is None and device is None and self._shapes is not None:
+            # The usual step: queued by shape, its phases added in bulk (see shapes.py).
+            if self._shapes.add(mode, step.phases, times):
+                summary.timing = "off"
+                summary.add_step(mode, times[0], times[-1], None, step.batch_size)
+                counts = self._queued.get(mode)
+                if counts is None:
+                    counts = self._queued[mode] = [0, 0]
+                counts[0] += 1
+                counts[1] += step.batch_size or 0
+                if self.on_step_done is not None:
+                    self.on_step_done(step)
+                return
         slots = self._slots.get(mode)
         if slots is None:
             slots = self._slots[mode] = {}
@@ -193,25 +220,11 @@ class Pipeline:
                 covered += ns  # top-level phases never overlap
             slot = slots.get((rec.name, rec.parent))
             if slot is None:
-                slot = self._new_slot(slots, mode, rec.name, rec.parent)
-            # _PhaseSlot.add, inlined: this loop runs per phase per step, and the
-            # call alone costs more than its body.
-            totals = slot.totals
-            totals[0] += ns
-            if slot.seen != seq:
-                slot.seen = seq
-                slot.ns = ns
-                totals[1] += 1
-                touched.append(slot)
-            else:
-                slot.ns += ns
-        step_ns = times[-1] - times[0]
+                slot = self._slot(mode, rec.name, rec.parent)
+            slot.add(ns, seq, touched)
         untracked = step_ns - covered
         if untracked > 0:
-            slot = slots.get(_UNTRACKED_KEY)
-            if slot is None:
-                slot = self._new_slot(slots, mode, *_UNTRACKED_KEY)
-            slot.add(untracked, seq, touched)  # (a user phase may be called "untracked" too)
+            self._slot(mode, *_UNTRACKED_KEY).add(untracked, seq, touched)
 
         idle_ns: Optional[Dict[str, int]] = None
         idle_by_rec: Optional[Dict[int, int]] = None
@@ -222,23 +235,20 @@ class Pipeline:
 
         # The events timer switches on lazily, when the program starts using CUDA.
         timing = self._timer.mode if device is not None else "off"
-        summary = self.summary
         summary.timing = timing
         summary.add_step(mode, times[0], times[-1], idle_ns, step.batch_size)
 
-        reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
         context = None
         if reason is not None:
             context = self._trace(step, mode, times, host, device, untracked, reason, timing, idle_by_rec)
 
-        step_push = self._step_push.get(mode, _UNSET)
-        if step_push is _UNSET:
-            step_push = self._step_push[mode] = self._metrics.step_queue(mode)
-        if context is None and idle_ns is None and step_push is not None:
-            # The usual step: its values are queued for binning in bulk.
+        step_queue = self._step_queue(mode)
+        if context is None and idle_ns is None and step_queue is not None:
+            # An untraced step of a shape not queued by shape: its values are queued
+            # for binning in bulk all the same.
             for slot in touched:
-                slot.push(slot.ns / 1e9)
-            step_push(step_ns / 1e9)
+                slot.queue.append(slot.ns / 1e9)
+            step_queue.append(step_ns / 1e9)
             counts = self._queued.get(mode)
             if counts is None:
                 counts = self._queued[mode] = [0, 0]
@@ -251,12 +261,25 @@ class Pipeline:
         if self.on_step_done is not None:
             self.on_step_done(step)
 
-    def _new_slot(self, slots: dict, mode: str, name: str, parent: str) -> "_PhaseSlot":
-        batch = sc.PHASE_TRAIN_BATCH if mode == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
-        key = (batch if name == "batch" else name, batch if parent == "batch" else parent)
-        handle = self._metrics.phase_handle(mode, key)
-        slot = slots[(name, parent)] = _PhaseSlot(self.summary.phase_totals(mode, key), handle,
-                                                  self._metrics.queue_for(handle))
+    def _step_queue(self, mode: str) -> Optional[list]:
+        """Where untraced step durations of ``mode`` are queued (None: the SDK records)."""
+        queue = self._step_queues.get(mode, _UNSET)
+        if queue is _UNSET:
+            queue = self._step_queues[mode] = self._metrics.step_queue(mode)
+        return queue
+
+    def _slot(self, mode: str, name: str, parent: str) -> "_PhaseSlot":
+        """The slot of phase (name, parent) in ``mode``, made on first use."""
+        slots = self._slots.get(mode)
+        if slots is None:
+            slots = self._slots[mode] = {}
+        slot = slots.get((name, parent))
+        if slot is None:
+            batch = sc.PHASE_TRAIN_BATCH if mode == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
+            key = (batch if name == "batch" else name, batch if parent == "batch" else parent)
+            handle = self._metrics.phase_handle(mode, key)
+            slot = slots[(name, parent)] = _PhaseSlot(self.summary.phase_totals(mode, key), handle,
+                                                      self._metrics.queue_for(handle))
         return slot
 
     def _trace(self, step, mode: str, times, host, device, untracked: int, reason: str, timing: str,

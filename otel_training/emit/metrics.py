@@ -72,12 +72,12 @@ class StepMetrics:
             self._phase_attrs[(mode,) + key] = handle
         return handle
 
-    def queue_for(self, handle: Any) -> Optional[Callable[[float], None]]:
-        """Where an untraced step's value for ``handle`` may be appended directly
-        (the pipeline's fast path, see ``queued``); None when the SDK records."""
-        return handle.pending.append if self.bank is not None else None
+    def queue_for(self, handle: Any) -> Optional[list]:
+        """The list an untraced step's value for ``handle`` may be appended to
+        directly (the pipeline's fast path, see ``queued``); None when the SDK records."""
+        return handle.pending if self.bank is not None else None
 
-    def step_queue(self, mode: str) -> Optional[Callable[[float], None]]:
+    def step_queue(self, mode: str) -> Optional[list]:
         """``queue_for`` the step-duration series of ``mode``."""
         if self.bank is None:
             return None
@@ -85,7 +85,7 @@ class StepMetrics:
             series = self._step_series.get(mode)
             if series is None:
                 series = self._step_series[mode] = self._fast_step.series(self._for_mode(mode))
-        return series.pending.append
+        return series.pending
 
     def queued(self, mode: str, steps: int, samples: int) -> None:
         """``steps`` untraced steps (``samples`` samples) went through the queues."""
