@@ -84,7 +84,8 @@ class Pipeline:
         self._slots: Dict[str, Dict[Tuple[str, str], _PhaseSlot]] = {}
         self._seq = 0
         self._step_queues: Dict[str, Optional[list]] = {}
-        self._shapes = Shapes(self._slot, self._step_queue) if metrics.fast else None
+        # Binned histograms: untraced host-timed steps are added by shape, in bulk.
+        self._shapes = Shapes(self._slot, self._step_queue, self._add_steps) if metrics.fast else None
         self._queued: Dict[str, list] = {}  # mode -> [steps, samples] queued since the last drain
 
     # -- training thread ------------------------------------------------------------
@@ -171,11 +172,13 @@ class Pipeline:
         self._add_shapes()
 
     def _add_shapes(self) -> None:
-        if self._shapes is not None:
+        shapes = self._shapes
+        if shapes is not None:
             try:
-                self._shapes.flush()
+                shapes.flush()
             except Exception as exc:  # our bug: count it, keep going
                 self._telemetry.internal_error("pipeline", exc)
+                self._telemetry.steps_dropped += shapes.drop()  # counted, not retried
 
     # -- per step ---------------------------------------------------------------------
     def process(self, step) -> None:
@@ -187,20 +190,18 @@ class Pipeline:
         mode = sc.MODE_TRAIN if (step.saw_backward or step.saw_optimizer) else sc.MODE_EVAL
         step_ns = times[-1] - times[0]
         reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
-        summary = self.summary
         if reason is None and device is None and self._shapes is not None:
             # The usual step: queued by shape, its phases added in bulk (see shapes.py).
-            if self._shapes.add(mode, step.phases, times):
-                summary.timing = "off"
-                summary.add_step(mode, times[0], times[-1], None, step.batch_size)
-                counts = self._queued.get(mode)
-                if counts is None:
-                    counts = self._queued[mode] = [0, 0]
-                counts[0] += 1
-                counts[1] += step.batch_size or 0
+            try:
+                queued = self._shapes.add(mode, step.phases, times, step.batch_size)
+            except Exception as exc:  # our bug: the step goes the per-step way
+                self._telemetry.internal_error("pipeline", exc)
+                queued = False
+            if queued:
                 if self.on_step_done is not None:
                     self.on_step_done(step)
                 return
+        summary = self.summary
         slots = self._slots.get(mode)
         if slots is None:
             slots = self._slots[mode] = {}
@@ -244,8 +245,8 @@ class Pipeline:
 
         step_queue = self._step_queue(mode)
         if context is None and idle_ns is None and step_queue is not None:
-            # An untraced step of a shape not queued by shape: its values are queued
-            # for binning in bulk all the same.
+            # An untraced step not queued by shape: its values are queued for
+            # binning in bulk all the same.
             for slot in touched:
                 slot.queue.append(slot.ns / 1e9)
             step_queue.append(step_ns / 1e9)
@@ -260,6 +261,15 @@ class Pipeline:
                                         idle_s, step.batch_size, context, self.offset + times[-1])
         if self.on_step_done is not None:
             self.on_step_done(step)
+
+    def _add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int) -> None:
+        """Steps added by shape: their summary totals and counters."""
+        self.summary.add_steps(mode, first_start, last_end, step_ns, samples)
+        counts = self._queued.get(mode)
+        if counts is None:
+            counts = self._queued[mode] = [0, 0]
+        counts[0] += len(step_ns)
+        counts[1] += samples
 
     def _step_queue(self, mode: str) -> Optional[list]:
         """Where untraced step durations of ``mode`` are queued (None: the SDK records)."""

@@ -171,10 +171,20 @@ class Tracker:
 
     # ------------------------------------------------------------------ phases
     def _open(self, name: str, auto: bool, at: Optional[int] = None) -> PhaseRecord:
+        step = self.step
+        if at is None:  # _mark(), inlined: this runs at most boundaries
+            if self._timer_mark is not None:
+                step.tokens.append(self._timer_mark())
+            marks = step.marks
+            marks.append(self._clock())
+            at = len(marks) - 1
         stack = self._stack
-        up = stack[-1] if stack else None
-        rec = PhaseRecord(name, _STEP if up is None else up.name, self._mark() if at is None else at, auto, up)
-        self.step.phases.append(rec)
+        if stack:
+            up = stack[-1]
+            rec = PhaseRecord(name, up.name, at, auto, up)
+        else:
+            rec = PhaseRecord(name, _STEP, at, auto, None)
+        step.phases.append(rec)
         stack.append(rec)
         return rec
 
@@ -257,7 +267,7 @@ class Tracker:
         if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         step = self.step
-        new = step is None or step.source == id(iterator) or _has_work(step)
+        new = step is None or step.source == id(iterator) or _has_work(step)  # (fast when it has)
         if not new:  # zip(loader_a, loader_b): same step, another wait
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         self.driver = DRIVER_DATALOADER
@@ -426,7 +436,10 @@ class Tracker:
 
 
 def _has_work(step: StepTimeline) -> bool:
-    for rec in step.phases:
+    phases = step.phases
+    if phases and phases[-1].name != sc.PHASE_DATALOADER_NEXT:
+        return True  # the usual case, at once
+    for rec in phases:
         if rec.name != sc.PHASE_DATALOADER_NEXT:
             return True
     return False

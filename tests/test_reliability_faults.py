@@ -98,6 +98,32 @@ def test_a_fault_in_the_pipeline_is_contained_and_counted(instrumented, referenc
     assert tel.runtime.telemetry.errors["pipeline"] >= 1
 
 
+@pytest.mark.parametrize("where", ["add", "flush"])
+def test_a_fault_in_the_shape_lane_is_contained_and_counted(instrumented, reference, where):
+    """Untraced steps go by shape (``Shapes.add``, then ``Shapes.flush``): a bug
+    in either never reaches the loop; one in ``add`` loses no step (it goes the
+    per-step way), one in ``flush`` is counted and does not stall flushes."""
+    tel = instrumented(trace_every_n=0, trace_slow_factor=0)  # only the first step is traced
+    shapes = tel.runtime.pipeline._shapes
+    assert shapes is not None
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise Injected(f"planted in Shapes.{where}")
+
+    setattr(shapes, where, broken)
+    _same(training_loop(), reference)
+    tel.flush()
+    assert calls and tel.runtime.telemetry.errors["pipeline"] >= 1
+    if where == "flush":  # what it could not add is counted as dropped, and flushes still end
+        assert tel.runtime.telemetry.steps_dropped >= 1
+    else:
+        train = tel.runtime.summary_dict()["modes"]["train"]
+        assert train["steps"] == 9  # 2 epochs of 4 steps, and the manual one
+        assert {p["name"] for p in train["phases"]} >= {"dataloader_next", "forward", "augment"}
+
+
 def test_a_fault_while_building_spans_is_contained(instrumented, reference, monkeypatch):
     tel = instrumented()
 
