@@ -113,7 +113,7 @@ class RootModuleHooks:
     def _add_root(self, module) -> None:
         state = module.__dict__  # not setattr: OptimizedModule forwards it to the inner module
         prev = state.get(_CALL)  # another tool's instance call: ours runs around it
-        call = self._root_caller(module, prev)
+        call = self._timed_call(module, prev, lift=False)
         state[_CALL] = call
         self._roots[module] = (call, prev)
 
@@ -125,70 +125,75 @@ class RootModuleHooks:
                 return None
             self._add_root(module)
             # This call is already past our timed call: time it with a one-shot hook.
-            self._pre(module, args)
-            once = None
+            if self._begin(module):
+                once = None
 
-            def post_once(mod, args, output):
-                once.remove()
-                self._post(mod, args, output)
+                def end_once(mod, args, output):
+                    once.remove()
+                    self._end(sys.exc_info()[1])
 
-            once = module.register_forward_hook(post_once, always_call=True)
+                once = module.register_forward_hook(end_once, always_call=True)
         except Exception as exc:  # our bug: never the user's problem
             self._on_error("forward", exc)
         return None
 
-    # -- per-root hooks -----------------------------------------------------------
-    def _pre(self, module, args):
-        if _is_compiling():
-            return None
+    # -- timing a root's call ---------------------------------------------------------
+    def _begin(self, module) -> bool:
+        """A root call begins; True if it is the training thread's (``_end`` follows)."""
         tracker = self._tracker
+        ours = False
         try:
             if tracker.thread != _get_ident() and not tracker.on_training_thread(True):
-                return None  # another thread's forward: not ours, nor our depth
+                return False  # another thread's forward: not ours, nor our depth
             self.depth += 1
+            ours = True
             if self.depth == 1:
                 self.step_saw_root = True
                 tracker.forward_begin(module)
         except Exception as exc:
             self._on_error("forward", exc)
-        return None
+        return ours
 
-    def _post(self, module, args, output):
-        if _is_compiling():
-            return None
+    def _end(self, error) -> None:
+        """The root call ``_begin`` counted ended (``error``: what it raised)."""
         tracker = self._tracker
         try:
-            if tracker.thread != _get_ident() and not tracker.on_training_thread(True):
-                return None
             if self.depth > 0:
                 self.depth -= 1
             if self.depth == 0:
-                exc = sys.exc_info()[1]
-                if exc is not None and tracker.step is not None and tracker.step.error is None:
-                    tracker.step.error = exc
+                if error is not None and tracker.step is not None and tracker.step.error is None:
+                    tracker.step.error = error
                 tracker.end_phase(_FORWARD)
         except Exception as exc:
             self._on_error("forward", exc)
-        return None
 
-    def _root_caller(self, module, prev):
-        """The ``_call_impl`` of a root: torch's (or ``prev``) between ``_pre`` and
-        ``_post``. It holds the module weakly: no cycle keeps a dropped model alive."""
+    def _timed_call(self, module, inner, lift: bool):
+        """A root's call, timed: ``inner(*args, **kwargs)`` -- or, when None, torch's
+        ``_call_impl`` -- between ``_begin`` and ``_end``. ``lift``: discovery is
+        lifted meanwhile (a compiled module). The module is held weakly: no cycle
+        keeps a dropped model alive."""
         hooks = self
         ref = weakref.ref(module)
         impl = type(module)._call_impl
 
         def call(*args, **kwargs):
             mod = ref()
-            if _is_compiling():  # inside a compiled caller: stay out of the graph
-                return impl(mod, *args, **kwargs) if prev is None else prev(*args, **kwargs)
-            hooks._pre(mod, args)
+            if _is_compiling():  # inside compiled code: stay out of the graph
+                return impl(mod, *args, **kwargs) if inner is None else inner(*args, **kwargs)
+            lifted = lift and hooks._suspend()
+            ours = hooks._begin(mod)
             try:
-                result = impl(mod, *args, **kwargs) if prev is None else prev(*args, **kwargs)
-            except BaseException:
-                hooks._post(mod, args, None)  # sees the exception: marks the step
+                result = impl(mod, *args, **kwargs) if inner is None else inner(*args, **kwargs)
+            except BaseException as exc:
+                if ours:
+                    hooks._end(exc)  # marks the step
+                if lifted:
+                    hooks._resume()
                 raise
-            hooks._post(mod, args, result)
+            if ours:
+                hooks._end(None)
+            if lifted:
+                hooks._resume()
             return result
 
         return call
@@ -254,27 +259,7 @@ class RootModuleHooks:
 
     def _compiled_caller(self, module, inner):
         """The call of a ``module.compile()``'d module: root timing around it."""
-        hooks = self
-        ref = weakref.ref(module)
-
-        def call(*args, **kwargs):
-            if _is_compiling():  # called from other compiled code: stay out of the graph
-                return inner(*args, **kwargs)
-            mod = ref()
-            lifted = hooks._suspend()
-            hooks._pre(mod, args)
-            try:
-                result = inner(*args, **kwargs)
-            except BaseException:
-                hooks._post(mod, args, None)  # sees the exception: marks the step
-                if lifted:
-                    hooks._resume()
-                raise
-            hooks._post(mod, args, result)
-            if lifted:
-                hooks._resume()
-            return result
-
+        call = self._timed_call(module, inner, lift=True)
         call._otel_inner = inner
         return call
 
