@@ -63,14 +63,20 @@ def emit_step_spans(tracer, step, batch_name: str, times: Sequence[int], host: S
     _private_ids(tracer)
     root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset,
                              attributes=attributes)
-    contexts = {}
+    spans = {}  # id(record) -> its span, for its children's context
     inherited = {k: attributes[k] for k in _INHERITED if k in attributes}
     root_ctx = trace.set_span_in_context(root)
+    contexts = {}  # made only for records that have children
     for i, rec in enumerate(step.phases):
         if rec.end < 0:
             continue
         name = batch_name if rec.name == "batch" else rec.name
-        parent_ctx = contexts.get(id(rec.up), root_ctx) if rec.up is not None else root_ctx
+        parent_ctx = root_ctx
+        up = rec.up
+        if up is not None and id(up) in spans:
+            parent_ctx = contexts.get(id(up))
+            if parent_ctx is None:
+                parent_ctx = contexts[id(up)] = trace.set_span_in_context(spans[id(up)])
         attrs = dict(inherited)  # rank attributes go on every span
         attrs[sc.ATTR_HOST_DURATION] = (host[rec.end] - host[rec.start]) / 1e9
         if device is not None:
@@ -80,7 +86,7 @@ def emit_step_spans(tracer, step, batch_name: str, times: Sequence[int], host: S
         span = tracer.start_span(name, context=parent_ctx, start_time=times[rec.start] + offset,
                                  attributes=attrs)
         span.end(end_time=times[rec.end] + offset)
-        contexts[id(rec)] = trace.set_span_in_context(span)
+        spans[id(rec)] = span
     if step.error is not None:
         root.set_status(Status(StatusCode.ERROR, f"{type(step.error).__name__}: {step.error}"))
         root.record_exception(step.error)

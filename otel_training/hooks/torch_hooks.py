@@ -131,7 +131,8 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         try:
             if tracker.thread == _get_ident() or tracker.on_training_thread(True):
                 tracker.optimizer_pre(optimizer, sys._getframe(1))
-                if (args or kwargs) and tracker.step is not None:  # opt.step(): nothing to wrap
+                # args[0] is the optimizer: plain opt.step() has nothing to wrap
+                if (len(args) > 1 or kwargs) and tracker.step is not None:
                     return _with_wrapped_closure(tracker, optimizer, args, kwargs)
         except Exception as exc:
             on_error("optimizer", exc)
