@@ -2,7 +2,8 @@
 
 Runs on its own daemon thread so the training thread only appends to a deque.
 The deque is bounded: if we fall behind, steps are dropped and counted, never
-waited for.
+waited for. Untraced steps timed by host clocks are added by shape, in bulk
+(``shapes.py``); traced and GPU-timed steps one by one.
 """
 
 from __future__ import annotations
@@ -250,11 +251,7 @@ class Pipeline:
             for slot in touched:
                 slot.queue.append(slot.ns / 1e9)
             step_queue.append(step_ns / 1e9)
-            counts = self._queued.get(mode)
-            if counts is None:
-                counts = self._queued[mode] = [0, 0]
-            counts[0] += 1
-            counts[1] += step.batch_size or 0
+            self._count(mode, 1, step.batch_size or 0)
         else:
             idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
             self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
@@ -265,10 +262,14 @@ class Pipeline:
     def _add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int) -> None:
         """Steps added by shape: their summary totals and counters."""
         self.summary.add_steps(mode, first_start, last_end, step_ns, samples)
+        self._count(mode, len(step_ns), samples)
+
+    def _count(self, mode: str, steps: int, samples: int) -> None:
+        """Untraced steps for the counters (added once per drain)."""
         counts = self._queued.get(mode)
         if counts is None:
             counts = self._queued[mode] = [0, 0]
-        counts[0] += len(step_ns)
+        counts[0] += steps
         counts[1] += samples
 
     def _step_queue(self, mode: str) -> Optional[list]:
