@@ -87,7 +87,6 @@ class Pipeline:
         self._step_queues: Dict[str, Optional[list]] = {}
         # Binned histograms: untraced host-timed steps are added by shape, in bulk.
         self._shapes = Shapes(self._slot, self._step_queue, self._add_steps) if metrics.fast else None
-        self._queued: Dict[str, list] = {}  # mode -> [steps, samples] queued since the last drain
 
     # -- training thread ------------------------------------------------------------
     def submit(self, step) -> None:
@@ -141,10 +140,6 @@ class Pipeline:
             self._drain_steps(queue, deadline)
         finally:
             try:
-                for mode, counts in self._queued.items():
-                    if counts[0]:
-                        self._metrics.queued(mode, counts[0], counts[1])
-                        counts[0] = counts[1] = 0
                 self._metrics.flush()
             except Exception as exc:
                 self._telemetry.internal_error("pipeline", exc)
@@ -251,7 +246,7 @@ class Pipeline:
             for slot in touched:
                 slot.queue.append(slot.ns / 1e9)
             step_queue.append(step_ns / 1e9)
-            self._count(mode, 1, step.batch_size or 0)
+            self._metrics.count(mode, 1, step.batch_size or 0)
         else:
             idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
             self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
@@ -262,15 +257,7 @@ class Pipeline:
     def _add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int) -> None:
         """Steps added by shape: their summary totals and counters."""
         self.summary.add_steps(mode, first_start, last_end, step_ns, samples)
-        self._count(mode, len(step_ns), samples)
-
-    def _count(self, mode: str, steps: int, samples: int) -> None:
-        """Untraced steps for the counters (added once per drain)."""
-        counts = self._queued.get(mode)
-        if counts is None:
-            counts = self._queued[mode] = [0, 0]
-        counts[0] += steps
-        counts[1] += samples
+        self._metrics.count(mode, len(step_ns), samples)
 
     def _step_queue(self, mode: str) -> Optional[list]:
         """Where untraced step durations of ``mode`` are queued (None: the SDK records)."""

@@ -46,6 +46,7 @@ class StepMetrics:
         self._idle_attrs: Dict[Tuple[str, str], dict] = {}
         # Counters are summed here and added once per pipeline drain (cheaper).
         self._pending: Dict[str, list] = {}
+        self._queued_steps = 0  # steps whose values were queued since the last flush
 
     @property
     def fast(self) -> bool:
@@ -87,15 +88,16 @@ class StepMetrics:
                 series = self._step_series[mode] = self._fast_step.series(self._for_mode(mode))
         return series.pending
 
-    def queued(self, mode: str, steps: int, samples: int) -> None:
-        """``steps`` untraced steps (``samples`` samples) went through the queues."""
+    def count(self, mode: str, steps: int, samples: int, queued: bool = True) -> None:
+        """``steps`` more steps (``samples`` samples) for the counters, added at
+        ``flush``; ``queued``: their values went through the queues (``queue_for``)."""
         pending = self._pending.get(mode)
         if pending is None:
             pending = self._pending[mode] = [0, 0]
         pending[0] += steps
         pending[1] += samples
-        with self.bank.lock:
-            self.bank.queued(steps)
+        if queued:
+            self._queued_steps += steps
 
     def record(self, mode: str, duration_s: float, phases: Dict[Tuple[str, str], int],
                idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None,
@@ -129,11 +131,7 @@ class StepMetrics:
             record = self._phase.record
             for phase_attrs, seconds in phases:
                 record(seconds, phase_attrs, context=context)
-        pending = self._pending.get(mode)
-        if pending is None:
-            pending = self._pending[mode] = [0, 0]
-        pending[0] += 1
-        pending[1] += batch_size or 0
+        self.count(mode, 1, batch_size or 0, queued=False)
         if idle:
             for name, seconds in idle.items():
                 if seconds > 0:
@@ -147,7 +145,12 @@ class StepMetrics:
         return {**attrs, sc.ATTR_PHASE: key[0], sc.ATTR_PHASE_PARENT: key[1]}
 
     def flush(self) -> None:
-        """Add the step and sample counts gathered since the last flush."""
+        """Add the step and sample counts gathered since the last flush (and let the
+        bank bin queued values once enough have gathered)."""
+        if self._queued_steps and self.bank is not None:
+            with self.bank.lock:
+                self.bank.queued(self._queued_steps)
+            self._queued_steps = 0
         for mode, pending in self._pending.items():
             if pending[0]:
                 attrs = self._for_mode(mode)
