@@ -65,24 +65,16 @@ class RunSummary:
     def add_step(self, mode: str, start_ns: int, end_ns: int, idle_ns: Optional[Dict[str, int]],
                  batch_size: Optional[int]) -> None:
         """One step's totals; its phases go to their ``phase_totals`` directly."""
-        m = self._mode(mode)
-        m.steps += 1
-        m.samples += batch_size or 0
-        m.step_ns += end_ns - start_ns
-        if m.first_start is None or start_ns < m.first_start:  # steps may come in out of order
-            m.first_start = start_ns
-        if m.last_end is None or end_ns > m.last_end:
-            m.last_end = end_ns
+        self.add_steps(mode, start_ns, end_ns, [end_ns - start_ns], batch_size or 0)
         if idle_ns:
+            m = self._mode(mode)
             for name, ns in idle_ns.items():
                 m.idle_ns[name] = m.idle_ns.get(name, 0) + ns
-        if len(m.durations) >= _MAX_DURATIONS:
-            m.durations = m.durations[::2]
-        m.durations.append((end_ns - start_ns) / 1e9)
 
     def add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int) -> None:
-        """``add_step`` for many steps at once (no GPU idle time): ``step_ns`` their
-        durations, ``first_start``/``last_end`` their span, ``samples`` their batch sizes' sum."""
+        """Steps in bulk (no GPU idle time): ``step_ns`` their durations,
+        ``first_start``/``last_end`` their span (steps may come in out of order),
+        ``samples`` their batch sizes' sum."""
         m = self._mode(mode)
         m.steps += len(step_ns)
         m.samples += samples

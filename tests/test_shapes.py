@@ -118,3 +118,17 @@ def test_steps_by_shape_add_up_as_steps_one_by_one(monkeypatch):
             ("checkpoint", "step")} <= phases
     hist = [k for k in points if k[0] == sc.METRIC_PHASE_DURATION]
     assert len(hist) == len(phases) + len(modes[sc.MODE_EVAL]["phases"])
+
+
+def test_the_summary_keeps_a_bounded_sample_of_durations_in_both_paths(monkeypatch):
+    from otel_training import summary as summary_mod
+
+    monkeypatch.setattr(summary_mod, "_MAX_DURATIONS", 100)
+    s = RunSummary({}, "off")
+    s.add_steps(sc.MODE_TRAIN, 5_000, 9_000, [7] * 500, 1000)  # a later batch, added first
+    for i in range(150):
+        s.add_step(sc.MODE_TRAIN, i * 10, i * 10 + 5, None, 2)
+    m = s.modes[sc.MODE_TRAIN]
+    assert 50 <= len(m.durations) <= 100
+    assert (m.steps, m.samples, m.step_ns) == (650, 1300, 500 * 7 + 150 * 5)
+    assert (m.first_start, m.last_end) == (0, 9_000)  # out of order: the span is min..max
