@@ -75,7 +75,7 @@ class StepMetrics:
 
     def queue_for(self, handle: Any) -> Optional[list]:
         """The list an untraced step's value for ``handle`` may be appended to
-        directly (the pipeline's fast path, see ``queued``); None when the SDK records."""
+        directly (the pipeline's fast path, see ``count``); None when the SDK records."""
         return handle.pending if self.bank is not None else None
 
     def step_queue(self, mode: str) -> Optional[list]:
