@@ -20,7 +20,7 @@ from otel_training.attribution import idle_between, synchronized_marks
 from otel_training.capture import TailCapture
 from otel_training.emit.metrics import StepMetrics
 from otel_training.emit.spans import emit_step_spans
-from otel_training.shapes import Shapes
+from otel_training.shapes import UNTRACKED_KEY, Shapes
 from otel_training.summary import RunSummary
 
 _MAX_PENDING = 4096
@@ -33,7 +33,6 @@ _WAKE_AT = 1024
 _SLICE_NS = 200_000  # the longest we hold the GIL before handing it back
 
 
-_UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)
 _UNSET = object()
 
 
@@ -221,7 +220,7 @@ class Pipeline:
             slot.add(ns, seq, touched)
         untracked = step_ns - covered
         if untracked > 0:
-            self._slot(mode, *_UNTRACKED_KEY).add(untracked, seq, touched)
+            self._slot(mode, *UNTRACKED_KEY).add(untracked, seq, touched)
 
         idle_ns: Optional[Dict[str, int]] = None
         idle_by_rec: Optional[Dict[int, int]] = None

@@ -24,7 +24,7 @@ _MAX_SHAPES = 64  # per mode: a loop whose shape keeps changing gains nothing he
 _SHAPE = attrgetter("name", "parent", "start", "end")
 _FIRST, _LAST = itemgetter(0), itemgetter(-1)
 _NS = repeat(1e9)
-_UNTRACKED = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)
+UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)  # the (name, parent) of untracked time
 
 
 class _Shape:
@@ -107,24 +107,25 @@ class Shapes:
         return n
 
     def _add(self, shape: _Shape, rows: List[list], samples: int) -> None:
-        mode, n = shape.mode, len(rows)
+        mode = shape.mode
         if shape.slots is None:
             shape.slots = [(self._slot_for(mode, name, parent), s) for (name, parent), s in shape.spans.items()]
         for slot, spans in shape.slots:
-            col = _column(rows, spans)
-            totals = slot.totals
-            totals[0] += sum(col)
-            totals[1] += n
-            slot.queue.extend(list(map(truediv, col, _NS)))
+            _add_column(slot, _column(rows, spans))
         steps = list(map(sub, map(_LAST, rows), map(_FIRST, rows)))
         untracked = [u for u in map(sub, steps, _column(rows, shape.top)) if u > 0]
         if untracked:
-            slot = self._slot_for(mode, *_UNTRACKED)
-            slot.totals[0] += sum(untracked)
-            slot.totals[1] += len(untracked)
-            slot.queue.extend(list(map(truediv, untracked, _NS)))
+            _add_column(self._slot_for(mode, *UNTRACKED_KEY), untracked)
         self._step_queue(mode).extend(list(map(truediv, steps, _NS)))
         self._on_steps(mode, rows[0][0], rows[-1][-1], steps, samples)
+
+
+def _add_column(slot: Any, ns: List[int]) -> None:
+    """One phase's times, a step each: into its run totals and its histogram queue."""
+    totals = slot.totals
+    totals[0] += sum(ns)
+    totals[1] += len(ns)
+    slot.queue.extend(list(map(truediv, ns, _NS)))
 
 
 def _new_shape(mode: str, phases: list) -> Optional[_Shape]:

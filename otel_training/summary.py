@@ -53,15 +53,6 @@ class RunSummary:
             slot = phases[key] = [0, 0]
         return slot
 
-    def add(self, mode: str, start_ns: int, end_ns: int, phases_ns: Dict[Tuple[str, str], int],
-            idle_ns: Optional[Dict[str, int]], batch_size: Optional[int]) -> None:
-        """One step, its phases as (name, parent) -> ns."""
-        for key, ns in phases_ns.items():
-            slot = self.phase_totals(mode, key)
-            slot[0] += ns
-            slot[1] += 1
-        self.add_step(mode, start_ns, end_ns, idle_ns, batch_size)
-
     def add_step(self, mode: str, start_ns: int, end_ns: int, idle_ns: Optional[Dict[str, int]],
                  batch_size: Optional[int]) -> None:
         """One step's totals; its phases go to their ``phase_totals`` directly."""
