@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping, Optional
 
 from otel_training import environment_variables as ev
+from otel_training.step_assembly import BOUNDARIES
 
 
 class ConfigError(ValueError):
@@ -112,6 +113,7 @@ class Config:
     hardware_interval: float = 1.0
     shutdown_timeout: float = 2.0
     integrations: tuple = _INTEGRATIONS
+    step_boundary: str = "auto"
 
 
 # field name -> (variable, parser)
@@ -127,6 +129,7 @@ _SPEC: Mapping[str, tuple] = {
     "hardware_interval": (ev.OTEL_TRAINING_HARDWARE_INTERVAL, _number(0.0, exclusive=True)),
     "shutdown_timeout": (ev.OTEL_TRAINING_SHUTDOWN_TIMEOUT, _number(0.0, exclusive=True)),
     "integrations": (ev.OTEL_TRAINING_INTEGRATIONS, _integrations),
+    "step_boundary": (ev.OTEL_TRAINING_STEP_BOUNDARY, _choice(*BOUNDARIES)),
 }
 
 assert set(_SPEC) == {f.name for f in fields(Config)}

@@ -95,3 +95,16 @@ OTEL_TRAINING_INTEGRATIONS = "OTEL_TRAINING_INTEGRATIONS"
 Comma-separated framework integrations to enable when the framework is installed:
 any of ``lightning``, ``transformers``, or ``all`` (default) / ``none``.
 """
+
+OTEL_TRAINING_STEP_BOUNDARY = "OTEL_TRAINING_STEP_BOUNDARY"
+"""
+.. envvar:: OTEL_TRAINING_STEP_BOUNDARY
+
+What one step is (docs/steps.md). ``auto`` (default): one optimizer update, or one
+backward pass when no optimizer exists, and one forward batch without backward for
+eval. The escape hatches, when the self-check says detection is in doubt:
+``optimizer`` (everything between two updates is one step, even forwards without
+backward), ``backward`` (each backward pass is a step), ``dataloader`` (each
+DataLoader batch is a step), ``forward`` (each root forward begins a step). The
+manual ``otel_training.step()`` always wins.
+"""

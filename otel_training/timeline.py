@@ -31,28 +31,38 @@ class PhaseRecord:
 
 
 class StepTimeline:
-    """Everything recorded about one step, in host-clock nanoseconds."""
+    """Everything recorded about one step (or one piece of a step, before the
+    assembler merges pieces), in host-clock nanoseconds."""
 
     __slots__ = (
         "index", "epoch", "batch_size", "marks", "tokens", "phases",
-        "saw_backward", "saw_optimizer", "saw_forward", "grad_enabled",
+        "saw_backward", "saw_optimizer", "saw_forward", "train_forward",
         "error", "source", "extra",
+        "backwards", "closure_backward", "updates", "skipped", "optimizers",
+        "microbatches", "hard",
     )
 
     def __init__(self, index: int, epoch: Optional[int], source: Any = None):
-        self.index = index
+        self.index = index  # -1 until the assembler numbers the finished step
         self.epoch = epoch
         self.batch_size: Optional[int] = None
         self.marks: List[int] = []  # perf_counter_ns on the training thread
         self.tokens: List[Any] = []  # DeviceTimer tokens, parallel to marks
         self.phases: List[PhaseRecord] = []
         self.saw_backward = False
-        self.saw_optimizer = False
+        self.saw_optimizer = False  # an optimizer step ran (or a GradScaler step skipped it)
         self.saw_forward = False
-        self.grad_enabled = True
+        self.train_forward = False  # a forward with gradients on and its root in train mode
         self.error: Optional[BaseException] = None
         self.source = source  # id() of the DataLoader iterator that started it, or None
         self.extra: Optional[dict] = None  # user/integration attributes
+        self.backwards = 0  # backward passes outside optimizer steps, before the first one
+        self.closure_backward = False  # an optimizer step's closure ran a backward
+        self.updates = 0  # optimizer steps that ran (torch's step hooks)
+        self.skipped = 0  # GradScaler steps that skipped their optimizer (inf/NaN)
+        self.optimizers: Optional[List[int]] = None  # id()s of the optimizers stepped
+        self.microbatches: Optional[int] = None  # set by an integration that knows them
+        self.hard = False  # bounded by the user's step() (never merged with others)
 
     @property
     def mode(self) -> str:

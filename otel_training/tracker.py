@@ -1,9 +1,12 @@
-"""The training-thread state machine: hook events in, finished step timelines out.
+"""The training-thread state machine: hook events in, timeline pieces out.
 
 Hooks call into one ``Tracker``; it appends marks and phase records to the
-current ``StepTimeline`` and hands each finished step to ``sink`` (the pipeline's
-queue). Everything here runs on the training thread, so it stays small: no
-OpenTelemetry calls, no allocation beyond the step's lists.
+current ``StepTimeline`` and cuts it into *pieces* where a step may end (a
+DataLoader batch, a forward after an optimizer update, an eval forward, a
+closure step, a framework's fetch, the user's ``step()``). Each finished piece
+goes to ``sink``: the ``StepAssembler``, which applies the step definition
+(docs/steps.md). Everything here runs on the training thread, so it stays small:
+no OpenTelemetry calls, no allocation beyond the step's lists.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Callable, List, Optional
 
 from otel_training import semconv as sc
 from otel_training.device_timing import DeviceTimer
+from otel_training.step_assembly import BOUNDARY_FORWARD, StepAssembler
 from otel_training.timeline import PhaseRecord, StepTimeline
 
 _BATCH = "batch"  # internal name of the train_batch/eval_batch container
@@ -32,8 +36,14 @@ _get_ident = threading.get_ident
 class Tracker:
     """Turns hook events on the training thread into step timelines."""
 
-    def __init__(self, sink: Callable[[StepTimeline], None], timer: Any, clock=time.perf_counter_ns):
-        self._sink = sink
+    def __init__(self, sink: "Callable[[StepTimeline], None] | StepAssembler", timer: Any,
+                 clock=time.perf_counter_ns):
+        # The assembler groups pieces into steps; a bare callable gets one of its own.
+        if not isinstance(sink, StepAssembler):
+            sink = StepAssembler(sink, release=getattr(timer, "release", None))
+        self.assembler = sink
+        self._sink = sink.add
+        self._forward_boundary = sink.boundary == BOUNDARY_FORWARD
         self._timer = timer
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
@@ -50,11 +60,12 @@ class Tracker:
         self._batch_end = -1  # mark of the container's last child end
         self._to_device_from = -1  # mark where a pending to_device window began
         self._step_root: Any = None  # the first root module called in the step
+        self._forward_root: Any = None  # the root that opened the last forward phase
+        self._root: Any = None  # the root whose forward is beginning
         self._optimizers: List[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
+        self._closures = 0  # optimizer-step closures running now
         self.driver = DRIVER_NONE
         self.thread: Optional[int] = None  # the training thread's ident
-        self._next_index = 0
-        self.on_error: Optional[Callable[[BaseException], None]] = None
 
     # ------------------------------------------------------------------ basics
     def _mark_host(self) -> int:
@@ -87,33 +98,36 @@ class Tracker:
         return ident == self.thread
 
     def _new_step(self, source: Any = None, epoch: Optional[int] = None) -> StepTimeline:
-        step = StepTimeline(self._next_index, epoch, source)
-        self._next_index += 1
+        step = StepTimeline(-1, epoch, source)
         self.step = step
         self._stack = []
         self._batch = None
         self._batch_end = -1
         self._to_device_from = -1
         self._step_root = None
+        self._forward_root = None
         self._optimizers = []
-        step.grad_enabled = self._grad_enabled()
         return step
 
     # ------------------------------------------------------------------ steps
     def start_step(self, driver: str = DRIVER_MANUAL, source: Any = None, epoch: Optional[int] = None) -> None:
-        """Begin a step now, ending any open one at the same instant."""
+        """Begin a piece now, ending any open one at the same instant. The user's
+        ``step()`` (``DRIVER_MANUAL``) is a step as it is; any other driver's piece
+        is grouped into steps by the assembler."""
         step = self.step
-        if (driver == DRIVER_MANUAL and step is not None and self.driver == DRIVER_DATALOADER
-                and not _has_work(step)):
-            # ``for batch in loader: with step():`` -- the DataLoader wait that opened
-            # a step before the manual one took over is no step of its own.
+        if (driver == DRIVER_MANUAL and step is not None and not step.hard
+                and self.driver == DRIVER_DATALOADER and not _has_work(step)):
+            # ``for batch in loader: with step():`` -- the user's step is the block;
+            # the wait that opened a piece before it lies outside (coverage counts it).
             self.discard_step()
         self.driver = driver
         self.thread = threading.get_ident()
         token, now = self._stamp()
         if self.step is not None:
             self._close(token, now)
-        self._push(self._new_step(source, epoch), token, now)
+        step = self._new_step(source, epoch)
+        step.hard = driver == DRIVER_MANUAL
+        self._push(step, token, now)
 
     def finish_step(self, error: Optional[BaseException] = None) -> None:
         """End the current step now (no-op without one)."""
@@ -152,22 +166,19 @@ class Tracker:
             after()
 
     def discard_step(self) -> None:
-        """Drop the current step (e.g. a DataLoader that raised StopIteration)."""
+        """Drop the current piece (a framework's fetch that held no work)."""
         step = self.step
         self.step = None
         self._stack = []
         self._batch = None
-        if step is not None:
-            if step.index == self._next_index - 1:
-                self._next_index -= 1  # step indices stay contiguous
-            if hasattr(self._timer, "release"):
-                self._timer.release(step.tokens)
+        if step is not None and hasattr(self._timer, "release"):
+            self._timer.release(step.tokens)
 
-    def set_step_attributes(self, **attrs: Any) -> None:
+    def close(self) -> None:
+        """The run ends: the open piece and whatever the assembler holds are handed on."""
         if self.step is not None:
-            if self.step.extra is None:
-                self.step.extra = {}
-            self.step.extra.update(attrs)
+            self.finish_step()
+        self.assembler.close()
 
     # ------------------------------------------------------------------ phases
     def _open(self, name: str, auto: bool, at: Optional[int] = None) -> PhaseRecord:
@@ -187,6 +198,16 @@ class Tracker:
         step.phases.append(rec)
         stack.append(rec)
         return rec
+
+    def _continues_forward(self, step: StepTimeline, up: Any) -> bool:
+        """A root forward begins right where the last forward phase ended, and from
+        another root than the one that opened it (the same root again -- an RNN
+        cell per time step, a policy per env step -- is a forward of its own)."""
+        phases = step.phases
+        if not phases or self._root is self._forward_root:
+            return False
+        last = phases[-1]
+        return last.name == _FORWARD and last.up is up and last.end == len(step.marks) - 1
 
     def _close_batch(self) -> None:
         batch = self._batch
@@ -222,15 +243,15 @@ class Tracker:
                     rec = self._batch = self._open(_BATCH, True)
                     self._open(name, auto, rec.start)
                     return True
-                if name == _FORWARD and auto:
-                    # A root right after another (the loss module after the model):
-                    # the same forward goes on -- one phase, no new mark.
+                if name == _FORWARD and auto and self._continues_forward(step, top):
+                    # Another root right after the last (the loss module after the
+                    # model): the same forward goes on -- one phase, no new mark.
                     last = step.phases[-1]
-                    if last.name == name and last.up is top and last.end == len(step.marks) - 1:
-                        last.end = -1
-                        stack.append(last)
-                        return True
-        elif top is not None and top is batch:
+                    last.end = -1
+                    stack.append(last)
+                    return True
+        elif top is not None and top is batch and not self._closures:
+            # (inside an optimizer.step(closure), the container holds the whole step)
             self._close_batch()
         self._open(name, auto)
         return True
@@ -294,7 +315,8 @@ class Tracker:
             self._to_device_from = len(step.marks) - 1
 
     def loader_stopped(self) -> None:
-        """``__next__`` raised StopIteration: a step with only waiting is no step."""
+        """``__next__`` raised StopIteration: a piece with only that wait is no
+        step, nor part of one (no batch came of it: the time lies between steps)."""
         step = self.step
         if step is None:
             return
@@ -307,25 +329,27 @@ class Tracker:
         """A root module's forward began (``root``: that module)."""
         step = self.step
         fresh = False
+        driver = self.driver
+        self._root = root
+        train = self._grad_enabled() and getattr(root, "training", True)
         if step is None:
-            # No step open: a loop without a DataLoader (or code after a DataLoader
-            # loop ended) -- steps are implicit, delimited by forwards. Inside a
-            # manual step() loop, time outside step() belongs to no step.
-            if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
+            # No piece open: a loop without a DataLoader (or code after a DataLoader
+            # loop ended) -- pieces are cut at forwards. Inside a manual step() loop,
+            # time outside step() belongs to no step.
+            if driver not in (DRIVER_NONE, DRIVER_DATALOADER):
+                self._root = None
                 return
             self.start_step(DRIVER_NONE)
             step, fresh = self.step, True
-        elif self.driver == DRIVER_NONE and (
-            step.saw_optimizer or (not step.saw_backward and root is not None and root is self._step_root)
-        ):
-            # After an optimizer step, or when the step's first model runs again
-            # without a backward in between (eval): the next implicit step.
+        elif ((driver == DRIVER_NONE or driver == DRIVER_DATALOADER) and not self._optimizers
+              and (step.saw_forward or step.saw_backward or step.saw_optimizer)
+              and self._cuts(step, root, train)):
             self.start_step(DRIVER_NONE)
             step, fresh = self.step, True
         if self._step_root is None:
             self._step_root = root
         pending = self._to_device_from
-        if fresh:  # an implicit step begins with this forward
+        if fresh:  # a piece cut here begins with this forward
             batch = self._open(_BATCH, True, 0)
             self._batch = batch
             self._open(sc.PHASE_FORWARD, True, 0)
@@ -339,15 +363,36 @@ class Tracker:
             self._batch = batch
             self._open(sc.PHASE_FORWARD, True, at)
         elif not self.begin_phase(sc.PHASE_FORWARD, auto=True):
+            self._root = None
             return
+        self._root = None  # (held only while the forward begins: a dropped model is freed)
+        if step.phases[-1].start == len(step.marks) - 1:  # a forward phase opened now
+            self._forward_root = root
         step.saw_forward = True
-        if not self._grad_enabled():
-            step.grad_enabled = False
+        if train:
+            step.train_forward = True
+
+    def _cuts(self, step: StepTimeline, root: Any, train: bool) -> bool:
+        """Whether a root forward begins a new piece (``step`` already holds work)."""
+        if self._forward_boundary:  # one step per forward (not the loss module after it)
+            return not self._continues_forward(step, self._stack[-1] if self._stack else None)
+        if step.saw_optimizer:  # after an update: the next iteration, or an eval forward
+            return self.driver == DRIVER_NONE or not train
+        if step.saw_backward:  # accumulation, unless each backward is a step
+            return self.assembler.per_backward
+        if self.driver != DRIVER_NONE or step.train_forward:
+            return False  # a rollout, a target network under no_grad, the loss module
+        return train or root is self._step_root  # eval forwards: one batch each
 
     def backward_begin(self) -> bool:
-        if self.step is None:
+        step = self.step
+        if step is None:
             return False
-        self.step.saw_backward = True
+        step.saw_backward = True
+        if self._optimizers:  # inside an optimizer step: its closure
+            step.closure_backward = True
+        elif not step.saw_optimizer:
+            step.backwards += 1
         return self.begin_phase(sc.PHASE_BACKWARD, auto=True)
 
     def optimizer_begin(self) -> Optional[PhaseRecord]:
@@ -359,11 +404,30 @@ class Tracker:
         step.saw_optimizer = True
         return self._stack[-1] if self.begin_phase(sc.PHASE_OPTIMIZER_STEP, auto=True) else None
 
+    def closure_step_begin(self) -> None:
+        """``optimizer.step(closure)`` is about to run: its forward and backward run
+        inside it, so an update with a closure begins a piece of its own where a
+        forward would (LBFGS: one step per ``step(closure)``)."""
+        if self._optimizers or self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
+            return
+        step = self.step
+        if step is None or (self.driver == DRIVER_NONE and (
+                step.saw_optimizer or (step.saw_forward and not step.train_forward and not step.saw_backward))):
+            self.start_step(DRIVER_NONE)
+
     def optimizer_pre(self, optimizer: Any, frame: Any = None) -> None:
         """torch's global optimizer step pre-hook; pairs with ``optimizer_post``.
         ``frame``: the frame running that ``Optimizer.step`` (the hook's caller)."""
-        if self.step is None:
+        step = self.step
+        if step is None:
             return
+        step.updates += 1
+        ids = step.optimizers
+        oid = id(optimizer)
+        if ids is None:
+            step.optimizers = [oid]
+        elif oid not in ids:
+            ids.append(oid)
         pending = self._optimizers
         if pending and frame is not None:
             # A step that raised never runs its post-hooks: its frame is gone from
@@ -389,9 +453,11 @@ class Tracker:
                 return closure(*args, **kwargs)
             opt, rec, frame = pending[index]
             tracker.end_record(rec)
+            tracker._closures += 1
             try:
                 return closure(*args, **kwargs)
             finally:
+                tracker._closures -= 1
                 if index < len(pending) and pending[index][0] is opt:
                     pending[index] = (opt, tracker.optimizer_begin(), frame)
 

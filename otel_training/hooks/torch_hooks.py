@@ -130,13 +130,24 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
             return
         try:
             if tracker.thread == _get_ident() or tracker.on_training_thread(True):
+                # args[0] is the optimizer: plain opt.step() has no closure
+                closure = (len(args) > 1 or kwargs) and _closure_of(args, kwargs) is not None
+                if closure:
+                    tracker.closure_step_begin()
                 tracker.optimizer_pre(optimizer, sys._getframe(1))
-                # args[0] is the optimizer: plain opt.step() has nothing to wrap
-                if (len(args) > 1 or kwargs) and tracker.step is not None:
+                if closure and tracker.step is not None:
                     return _with_wrapped_closure(tracker, optimizer, args, kwargs)
         except Exception as exc:
             on_error("optimizer", exc)
         return None
+
+    def opt_init(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            tracker.assembler.optimizers.add(instance)
+        except Exception as exc:
+            on_error("optimizer", exc)
+        return result
 
     def opt_post(optimizer, args, kwargs):
         if _is_compiling():
@@ -149,9 +160,24 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
 
     handles.append(optim_mod.register_optimizer_step_pre_hook(opt_pre))
     handles.append(optim_mod.register_optimizer_step_post_hook(opt_post))
+    # Optimizers alive decide what a step is: with one, backward passes without an
+    # update are gradient accumulation (see step_assembly.py).
+    patcher.wrap(optim_mod.Optimizer, "__init__", opt_init)
 
     # -- AMP: GradScaler.step is the optimizer step (its found-inf .item() included) --------
-    scaler_step_wrapper = phase_wrapper("optimizer", tracker.optimizer_begin, tracker.end_record)
+    # A step whose optimizer did not run (inf/NaN gradients) is still a step, marked skipped.
+    def scaler_begin():
+        step = tracker.step
+        rec = tracker.optimizer_begin()
+        return (rec, step, step.updates) if rec is not None else None
+
+    def scaler_end(token):
+        rec, step, updates = token
+        tracker.end_record(rec)
+        if step is tracker.step and step.updates == updates:
+            step.skipped += 1
+
+    scaler_step_wrapper = phase_wrapper("optimizer", scaler_begin, scaler_end)
 
     scaler_base = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if isinstance(scaler_base, type):
@@ -184,6 +210,13 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
 # torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _get_ident = threading.get_ident
+
+
+def _closure_of(args: tuple, kwargs: dict) -> Any:
+    closure = kwargs.get("closure")
+    if closure is None and len(args) > 1 and callable(args[1]):
+        closure = args[1]
+    return closure
 
 
 def _with_wrapped_closure(tracker: Any, optimizer: Any, args: tuple, kwargs: dict):

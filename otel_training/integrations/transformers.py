@@ -83,6 +83,7 @@ class Integration:
             t = self.bridge.tracker()
             step = getattr(t, "step", None)
             if step is not None and isinstance(result, tuple) and isinstance(result[0], list):
+                step.microbatches = len(result[0]) or None  # the Trainer's own count
                 sizes = [infer_batch_size(b) for b in result[0]]
                 if sizes and all(s is not None for s in sizes):
                     step.batch_size = sum(sizes)

@@ -1,0 +1,356 @@
+"""Pieces in, steps out: the step definition (docs/steps.md), applied.
+
+The tracker cuts the training thread's timeline into *pieces* where a step may
+end: a DataLoader batch, a forward after an optimizer update, an
+``optimizer.step(closure)``, a framework's batch fetch, the user's ``step()``.
+The ``StepAssembler`` decides which pieces make one step and hands each finished
+step on, numbered, in time order:
+
+- a training step is one optimizer update: pieces before it (gradient
+  accumulation, a rollout) merge into it, and every optimizer stepped in one
+  iteration (a GAN's D and G) counts once;
+- with no optimizer at all (manual updates), one backward pass is a step;
+- a piece with a forward and no backward is an eval step;
+- a piece that only waited for data (a loader fetching ahead) merges into the
+  next piece (the tracker drops the wait of a loader that ended: StopIteration
+  hands out no batch, so that time lies between steps, where coverage counts it).
+
+It also keeps what the run-end summary says about coverage (the training loop's
+wall time inside steps, and the gaps outside them) and the facts the self-check
+reads. Everything runs on the training thread, O(1) per piece in the usual loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, List, Optional
+
+from otel_training.timeline import StepTimeline
+
+BOUNDARY_AUTO = "auto"
+BOUNDARY_OPTIMIZER = "optimizer"
+BOUNDARY_BACKWARD = "backward"
+BOUNDARY_DATALOADER = "dataloader"
+BOUNDARY_FORWARD = "forward"
+BOUNDARIES = (BOUNDARY_AUTO, BOUNDARY_OPTIMIZER, BOUNDARY_BACKWARD, BOUNDARY_DATALOADER, BOUNDARY_FORWARD)
+
+# Pieces merged into one step before it is handed on regardless: a loop whose
+# optimizer never steps must not hold the whole run in memory (the self-check
+# then names the cause).
+MAX_PIECES = 4096
+_GAP_NS = 1_000_000  # gaps shorter than this are counted in the time, not as gaps
+# Self-check thresholds (docs/steps.md).
+CHECK_COVERAGE = 0.90
+CHECK_MICROBATCHES = 512
+CHECK_LONGEST_SHARE = 0.5
+CHECK_LONGEST_MICROBATCHES = 4
+CHECK_ONLY_STEP_MICROBATCHES = 32  # a run of one step holding this many backward passes
+
+
+class StepAssembler:
+    """Groups the tracker's pieces into steps and hands them to ``sink``."""
+
+    def __init__(self, sink: Callable[[StepTimeline], None], boundary: str = BOUNDARY_AUTO,
+                 release: Optional[Callable[[list], None]] = None) -> None:
+        self._sink = sink
+        self._release = release  # gives a dropped piece's device tokens back
+        self.boundary = boundary
+        # Optimizers constructed since instrumentation (torch's Optimizer.__init__):
+        # with any alive, backward passes without an update are gradient accumulation.
+        self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._alive = self.optimizers.data  # its set of weak references: len() in C
+        self.update_seen = False
+        self._next = 0
+        self._prefix: Optional[StepTimeline] = None  # waits for data, for the next piece
+        self._pending: Optional[StepTimeline] = None  # backward passes awaiting their update
+        self._pending_pieces = 0
+        self._held: Optional[StepTimeline] = None  # an update another optimizer may join
+        self.coverage = Coverage()
+
+    # -- what the tracker asks -----------------------------------------------------------
+    @property
+    def per_backward(self) -> bool:
+        """True when each backward pass is a step of its own (no optimizer)."""
+        b = self.boundary
+        if b == BOUNDARY_BACKWARD:
+            return True
+        if b == BOUNDARY_OPTIMIZER:
+            return False
+        return not self.update_seen and not self._alive
+
+    # -- pieces in -----------------------------------------------------------------------
+    def add(self, piece: StepTimeline) -> None:
+        """One finished piece of the timeline."""
+        if piece.saw_optimizer and self._held is None and self._pending is None and self._prefix is None:
+            # The usual loop: a piece with its update, nothing held (no merging).
+            ids = piece.optimizers
+            if ids is None or len(ids) >= len(self._alive) or piece.hard or self.boundary != BOUNDARY_AUTO:
+                self.update_seen = True
+                self._emit(piece)
+                return
+        if piece.hard:  # the user's step(): a step as it is
+            self._resolve()
+            self._emit(self._with_prefix(piece))
+            return
+        if not (piece.saw_forward or piece.saw_backward or piece.saw_optimizer):
+            if piece.error is None:
+                self._prefix = piece if self._prefix is None else _absorb(self._prefix, piece)
+                return
+            # A wait that raised (the dataset failed): the step the run failed in.
+            self._resolve()
+            self._emit(self._with_prefix(piece))
+            return
+        piece = self._with_prefix(piece)
+        b = self.boundary
+        if b == BOUNDARY_FORWARD or (b == BOUNDARY_DATALOADER and piece.source is not None):
+            self._resolve()
+            self._emit(piece)
+        elif piece.saw_optimizer:
+            self._update(piece)
+        elif piece.saw_backward:
+            self._emit_held()
+            if self.per_backward:
+                self._resolve()
+                self._emit(piece)
+            else:
+                self._hold_pending(piece)
+        elif b == BOUNDARY_OPTIMIZER and piece.train_forward:
+            self._emit_held()
+            self._hold_pending(piece)
+        else:  # a forward and no backward: an eval step
+            self._resolve()
+            self._emit(piece)
+
+    def close(self) -> None:
+        """The run ends: hand on what is held; a trailing wait is no step."""
+        self._resolve()
+        prefix, self._prefix = self._prefix, None
+        if prefix is not None:
+            self._drop(prefix)
+
+    # -- grouping ------------------------------------------------------------------------
+    def _with_prefix(self, piece: StepTimeline) -> StepTimeline:
+        """``piece`` with the waits before it merged in (the step that uses the batch)."""
+        prefix = self._prefix
+        if prefix is None:
+            return piece
+        self._prefix = None
+        batch_size, source, epoch = piece.batch_size, piece.source, piece.epoch
+        merged = _absorb(prefix, piece)
+        merged.batch_size, merged.source, merged.epoch = batch_size, source, epoch
+        return merged
+
+    def _hold_pending(self, piece: StepTimeline) -> None:
+        if self._pending is None:
+            self._pending, self._pending_pieces = piece, 1
+        else:
+            self._pending = _absorb(self._pending, piece)
+            self._pending_pieces += 1
+        if self._pending_pieces >= MAX_PIECES:
+            self._resolve()
+
+    def _update(self, piece: StepTimeline) -> None:
+        self.update_seen = True
+        held = self._held
+        if held is not None:
+            self._held = None
+            if self._pending is None and _disjoint(held.optimizers, piece.optimizers):
+                piece = _absorb(held, piece)  # another optimizer of the same iteration
+            else:
+                self._emit(held)
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            piece = _absorb(pending, piece)
+        ids = piece.optimizers
+        if ids is not None and len(ids) < len(self._alive):
+            self._held = piece  # the next piece tells whether another optimizer joins
+        else:
+            self._emit(piece)
+
+    def _emit_held(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._emit(held)
+
+    def _resolve(self) -> None:
+        """Hand on whatever is held: an update, and backward passes without one."""
+        self._emit_held()
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._emit(pending)
+
+    # -- steps out -----------------------------------------------------------------------
+    def _emit(self, step: StepTimeline) -> None:
+        step.index = self._next
+        self._next += 1
+        # Coverage: time in steps and the gaps between them (steps leave in time order).
+        marks = step.marks
+        start = marks[0]
+        end = marks[-1]
+        cov = self.coverage
+        cov.in_steps += end - start
+        gap = start - cov.last_end
+        if gap > 0:
+            cov.gap(gap, self._next - 2, start)
+        cov.last_end = end
+        if step.microbatches is None and step.backwards > 1:  # (one: the pipeline's default)
+            step.microbatches = step.backwards + step.closure_backward
+        if step.microbatches is not None:  # merged (or counted by an integration)
+            cov.merged(step, end - start)
+        self._sink(step)
+
+    @property
+    def steps(self) -> int:
+        """Steps handed on so far."""
+        return self._next
+
+    def _drop(self, piece: StepTimeline) -> None:
+        if self._release is not None and piece.tokens:
+            self._release(piece.tokens)
+
+
+class Coverage:
+    """The training loop's wall time against the time inside steps, and the merged
+    steps the self-check looks at (written by the assembler as steps leave it, in
+    time order; read at the end of the run)."""
+
+    __slots__ = ("first_start", "last_end", "in_steps", "outside", "gaps", "largest_gap",
+                 "largest_gap_after", "longest", "longest_index", "longest_microbatches",
+                 "max_microbatches", "max_microbatches_index")
+
+    def __init__(self) -> None:
+        self.first_start: Optional[int] = None
+        self.last_end = 0
+        self.in_steps = 0
+        self.outside = 0
+        self.gaps = 0
+        self.largest_gap = 0
+        self.largest_gap_after: Optional[int] = None
+        self.longest = 0  # the longest step of several micro-batches
+        self.longest_index: Optional[int] = None
+        self.longest_microbatches = 0
+        self.max_microbatches = 0
+        self.max_microbatches_index: Optional[int] = None
+
+    def gap(self, ns: int, after: int, start: int) -> None:
+        """``ns`` between step ``after`` and the next (the first step: none)."""
+        if self.first_start is None:
+            self.first_start = start
+            return
+        self.outside += ns
+        if ns >= _GAP_NS:
+            self.gaps += 1
+        if ns > self.largest_gap:
+            self.largest_gap, self.largest_gap_after = ns, after
+
+    def merged(self, step: StepTimeline, duration: int) -> None:
+        micro = step.microbatches or 0
+        if duration > self.longest:
+            self.longest, self.longest_index, self.longest_microbatches = duration, step.index, micro
+        if micro > self.max_microbatches:
+            self.max_microbatches, self.max_microbatches_index = micro, step.index
+
+    def to_dict(self, started_ns: Optional[int] = None) -> dict:
+        """The summary's ``coverage``; ``started_ns``: when instrumentation began."""
+        loop = (self.last_end - self.first_start) if self.first_start is not None else 0
+        out = {
+            "loop_s": loop / 1e9,
+            "in_steps_s": self.in_steps / 1e9,
+            "share": min(1.0, self.in_steps / loop) if loop > 0 else (1.0 if self.first_start is not None else 0.0),
+            "outside_s": self.outside / 1e9,
+            "gaps": self.gaps,
+            "largest_gap_s": self.largest_gap / 1e9,
+            "largest_gap_after_step": self.largest_gap_after,
+        }
+        if started_ns is not None and self.first_start is not None:
+            out["before_first_step_s"] = max(0, self.first_start - started_ns) / 1e9
+        return out
+
+    def self_check(self, steps: int) -> List[dict]:
+        """Findings that the step detection is in doubt (``steps``: how many steps
+        there were), each with its cause and fix."""
+        out = []
+        if self.first_start is None:
+            return out
+        loop = self.last_end - self.first_start
+        merged = (self.max_microbatches >= CHECK_MICROBATCHES
+                  or (steps == 1 and self.max_microbatches >= CHECK_ONLY_STEP_MICROBATCHES)
+                  or (steps > 1 and self.longest > CHECK_LONGEST_SHARE * loop
+                      and self.longest_microbatches >= CHECK_LONGEST_MICROBATCHES))
+        if merged:
+            index = self.max_microbatches_index if self.max_microbatches >= CHECK_MICROBATCHES else self.longest_index
+            micro = max(self.max_microbatches, self.longest_microbatches)
+            out.append({
+                "kind": "merged_steps",
+                "cause": (f"train step {index} holds {micro} backward passes"
+                          + (f" and {self.longest / loop:.0%} of the loop" if loop > 0 else "")
+                          + ": an optimizer exists but no optimizer.step() ran between them "
+                            "(parameters updated by hand?)"),
+                "fix": ("set OTEL_TRAINING_STEP_BOUNDARY=backward (one step per backward pass), "
+                        "or mark steps with otel_training.step()"),
+            })
+        share = self.in_steps / loop if loop > 0 else 1.0
+        if share < CHECK_COVERAGE and steps > 1:
+            out.append({
+                "kind": "low_coverage",
+                "cause": (f"{1 - share:.0%} of the training loop's {loop / 1e9:.1f} s is outside steps "
+                          f"(largest gap {self.largest_gap / 1e9:.2f} s after step {self.largest_gap_after}): "
+                          "work between loops that runs no model forward, or a loop not detected"),
+                "fix": ("wrap that work in otel_training.phase(name) inside a step, mark steps with "
+                        "otel_training.step(), or set OTEL_TRAINING_STEP_BOUNDARY"),
+            })
+        return out
+
+
+def self_check_line(finding: dict) -> str:
+    """The one line printed at exit for a self-check finding."""
+    return f"otel-training: step detection in doubt: {finding['cause']}; fix: {finding['fix']}"
+
+
+def _disjoint(a: Optional[list], b: Optional[list]) -> bool:
+    return a is not None and b is not None and not set(a).intersection(b)
+
+
+def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
+    """Append ``piece`` (later in time) to ``acc``; returns ``acc``."""
+    marks, tokens = acc.marks, acc.tokens
+    pm, pt = piece.marks, piece.tokens
+    # Consecutive pieces share the instant (and device token) one ended and the next began.
+    skip = 1 if (pm and marks and pm[0] == marks[-1]
+                 and (not tokens or not pt or pt[0] is tokens[-1])) else 0
+    offset = len(marks) - skip
+    marks.extend(pm[skip:] if skip else pm)
+    if tokens or pt:
+        tokens.extend(pt[skip:] if skip else pt)
+    if offset:
+        for rec in piece.phases:
+            rec.start += offset
+            if rec.end >= 0:
+                rec.end += offset
+    acc.phases.extend(piece.phases)
+    if not acc.saw_optimizer:  # micro-batches count up to the first update
+        acc.backwards += piece.backwards
+        acc.closure_backward = acc.closure_backward or piece.closure_backward
+    acc.saw_forward = acc.saw_forward or piece.saw_forward
+    acc.train_forward = acc.train_forward or piece.train_forward
+    acc.saw_backward = acc.saw_backward or piece.saw_backward
+    acc.saw_optimizer = acc.saw_optimizer or piece.saw_optimizer
+    acc.updates += piece.updates
+    acc.skipped += piece.skipped
+    if piece.optimizers:
+        if acc.optimizers is None:
+            acc.optimizers = list(piece.optimizers)
+        else:
+            acc.optimizers.extend(i for i in piece.optimizers if i not in acc.optimizers)
+    if piece.microbatches is not None:
+        acc.microbatches = (acc.microbatches or 0) + piece.microbatches
+    if piece.batch_size is not None:
+        acc.batch_size = (acc.batch_size or 0) + piece.batch_size
+    if acc.error is None:
+        acc.error = piece.error
+    if piece.extra:
+        acc.extra = {**(acc.extra or {}), **piece.extra}
+    return acc
