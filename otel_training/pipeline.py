@@ -182,13 +182,17 @@ class Pipeline:
             return
         device = self._timer.resolve(host, step.tokens) if self._timer.observes_device else None
         times = synchronized_marks(host, device) if device is not None else host
-        mode = sc.MODE_TRAIN if (step.saw_backward or step.saw_optimizer) else sc.MODE_EVAL
+        if step.saw_backward or step.saw_optimizer:
+            mode = sc.MODE_TRAIN
+            micro = step.microbatches or (step.backwards + step.closure_backward) or 1
+        else:
+            mode, micro = sc.MODE_EVAL, 0
         step_ns = times[-1] - times[0]
         reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
-        if reason is None and device is None and self._shapes is not None:
+        if reason is None and device is None and self._shapes is not None and not step.skipped:
             # The usual step: queued by shape, its phases added in bulk (see shapes.py).
             try:
-                queued = self._shapes.add(mode, step.phases, times, step.batch_size)
+                queued = self._shapes.add(mode, step.phases, times, step.batch_size, micro)
             except Exception as exc:  # our bug: the step goes the per-step way
                 self._telemetry.internal_error("pipeline", exc)
                 queued = False
@@ -232,11 +236,11 @@ class Pipeline:
         # The events timer switches on lazily, when the program starts using CUDA.
         timing = self._timer.mode if device is not None else "off"
         summary.timing = timing
-        summary.add_step(mode, times[0], times[-1], idle_ns, step.batch_size)
+        summary.add_step(mode, times[0], times[-1], idle_ns, step.batch_size, micro, step.skipped)
 
         context = None
         if reason is not None:
-            context = self._trace(step, mode, times, host, device, untracked, reason, timing, idle_by_rec)
+            context = self._trace(step, mode, times, host, device, untracked, reason, timing, idle_by_rec, micro)
 
         step_queue = self._step_queue(mode)
         if context is None and idle_ns is None and step_queue is not None:
@@ -245,18 +249,20 @@ class Pipeline:
             for slot in touched:
                 slot.queue.append(slot.ns / 1e9)
             step_queue.append(step_ns / 1e9)
-            self._metrics.count(mode, 1, step.batch_size or 0)
+            self._metrics.count(mode, 1, step.batch_size or 0, microbatches=micro, skipped=step.skipped)
         else:
             idle_s = {k: v / 1e9 for k, v in idle_ns.items()} if idle_ns else None
             self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
-                                        idle_s, step.batch_size, context, self.offset + times[-1])
+                                        idle_s, step.batch_size, context, self.offset + times[-1],
+                                        micro, step.skipped)
         if self.on_step_done is not None:
             self.on_step_done(step)
 
-    def _add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int) -> None:
+    def _add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int,
+                   microbatches: int) -> None:
         """Steps added by shape: their summary totals and counters."""
-        self.summary.add_steps(mode, first_start, last_end, step_ns, samples)
-        self._metrics.count(mode, len(step_ns), samples)
+        self.summary.add_steps(mode, first_start, last_end, step_ns, samples, microbatches)
+        self._metrics.count(mode, len(step_ns), samples, microbatches=microbatches)
 
     def _step_queue(self, mode: str) -> Optional[list]:
         """Where untraced step durations of ``mode`` are queued (None: the SDK records)."""
@@ -280,7 +286,7 @@ class Pipeline:
         return slot
 
     def _trace(self, step, mode: str, times, host, device, untracked: int, reason: str, timing: str,
-               idle_by_rec) -> Any:
+               idle_by_rec, microbatches: int) -> Any:
         """Emit the step's spans; the context holding its root span."""
         batch_name = sc.PHASE_TRAIN_BATCH if mode == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
         attrs = dict(self._span_attrs)
@@ -293,6 +299,10 @@ class Pipeline:
             attrs[sc.ATTR_EPOCH] = step.epoch
         if step.batch_size is not None:
             attrs[sc.ATTR_BATCH_SIZE] = step.batch_size
+        if microbatches:
+            attrs[sc.ATTR_MICROBATCHES] = microbatches
+        if step.skipped:
+            attrs[sc.ATTR_UPDATE_SKIPPED] = True
         if step.extra:
             attrs.update(step.extra)
         root = emit_step_spans(self._tracer, step, batch_name, times, host, device, self.offset,

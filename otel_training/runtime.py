@@ -24,6 +24,7 @@ from otel_training.export_guard import ROLE_HELPER, ROLE_SPAWN, ExportGuard, mul
 from otel_training.pipeline import Pipeline
 from otel_training.resource_info import process_info, run_id
 from otel_training.selftelemetry import SelfTelemetry
+from otel_training.step_assembly import StepAssembler, self_check_line
 from otel_training.summary import RunSummary, render, write
 from otel_training.tracker import Tracker
 from otel_training.version import __version__
@@ -91,7 +92,9 @@ class Runtime:
             telemetry=self.telemetry,
             span_attributes=common,
         )
-        self.tracker = Tracker(self.pipeline.submit, self.timer)
+        self._started_ns = time.perf_counter_ns()
+        self.tracker = Tracker(
+            StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release), self.timer)
         self.module_hooks = None
         self._handles: list = []
         self._patcher = None
@@ -297,7 +300,12 @@ class Runtime:
         return done
 
     def summary_dict(self) -> dict:
-        return self.pipeline.summary.to_dict(self.telemetry.as_dict())
+        summary = self.pipeline.summary.to_dict(self.telemetry.as_dict())
+        assembler = self.tracker.assembler
+        summary["step_boundary"] = self.config.step_boundary
+        summary["coverage"] = assembler.coverage.to_dict(self._started_ns)
+        summary["self_check"] = assembler.coverage.self_check(assembler.steps)
+        return summary
 
     def shutdown(self, final: bool = True) -> None:
         """End the open step, flush everything within ``OTEL_TRAINING_SHUTDOWN_TIMEOUT``,
@@ -321,6 +329,10 @@ class Runtime:
         try:
             if self.tracker.step is not None:
                 self.tracker.finish_step(_ending_exception(final))
+        except Exception as exc:
+            self.on_error("shutdown", exc)
+        try:
+            self.tracker.close()  # steps the assembler still holds
         except Exception as exc:
             self.on_error("shutdown", exc)
         try:
@@ -358,6 +370,9 @@ class Runtime:
             summary = self.summary_dict()
             if self.config.summary and summary["modes"]:
                 print(render(summary), file=sys.stderr, flush=True)
+            else:  # the self-check speaks without being asked
+                for finding in summary["self_check"]:
+                    print(self_check_line(finding), file=sys.stderr, flush=True)
             # A process that timed no step (an instrumented torchrun launcher) has no
             # summary to give -- and without RANK it would overwrite rank 0's file.
             if self.config.summary_file and self._summary_file_ok and summary["modes"]:

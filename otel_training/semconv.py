@@ -40,6 +40,8 @@ ATTR_DEVICE_DURATION = "training.phase.device_duration"
 ATTR_GPU_IDLE = "training.gpu.idle_duration"
 ATTR_TIMING = "training.timing"  # "events" | "sync" | "off"
 ATTR_TRACE_REASON = "training.trace.reason"  # "slow" | "sampled" | "error" | "first"
+ATTR_MICROBATCHES = "training.step.microbatches"  # train steps: batches accumulated
+ATTR_UPDATE_SKIPPED = "training.step.update_skipped"  # a GradScaler step skipped the update
 ATTR_COMPONENT = "training.telemetry.component"
 
 MODE_TRAIN = "train"
@@ -50,6 +52,8 @@ METRIC_STEP_DURATION = "training.step.duration"
 METRIC_PHASE_DURATION = "training.phase.duration"
 METRIC_STEPS = "training.steps"
 METRIC_SAMPLES = "training.samples"
+METRIC_MICROBATCHES = "training.microbatches"
+METRIC_SKIPPED_UPDATES = "training.skipped_updates"
 METRIC_GPU_IDLE = "training.gpu.idle"
 
 # --- self-telemetry --------------------------------------------------------------

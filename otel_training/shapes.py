@@ -31,7 +31,7 @@ class _Shape:
     """One step shape: per phase (name, parent), the (start, end) mark indices to
     sum; the top-level ones (their sum is the tracked time); its queued steps."""
 
-    __slots__ = ("mode", "spans", "top", "slots", "rows", "samples")
+    __slots__ = ("mode", "spans", "top", "slots", "rows", "samples", "microbatches")
 
     def __init__(self, mode: str, spans: Dict[Tuple[str, str], List[Tuple[int, int]]],
                  top: List[Tuple[int, int]]) -> None:
@@ -41,6 +41,7 @@ class _Shape:
         self.slots: Optional[list] = None  # (slot, spans), resolved at the first flush
         self.rows: List[list] = []  # marks of the queued steps
         self.samples = 0  # their batch sizes' sum
+        self.microbatches = 0  # their micro-batches' sum
 
 
 def _column(rows: List[list], spans: List[Tuple[int, int]]) -> List[int]:
@@ -57,18 +58,20 @@ class Shapes:
 
     ``slot_for(mode, name, parent)``: the pipeline's ``_PhaseSlot`` (``totals``,
     ``queue``); ``step_queue(mode)``: where step durations go; ``on_steps(mode,
-    first_start, last_end, step_ns, samples)``: the steps' totals (summary, counters).
+    first_start, last_end, step_ns, samples, microbatches)``: the steps' totals (summary,
+    counters).
     """
 
     def __init__(self, slot_for: Callable[[str, str, str], Any], step_queue: Callable[[str], list],
-                 on_steps: Callable[[str, int, int, List[int], int], None]) -> None:
+                 on_steps: Callable[[str, int, int, List[int], int, int], None]) -> None:
         self._slot_for = slot_for
         self._step_queue = step_queue
         self._on_steps = on_steps
         self._shapes: Dict[str, Dict[tuple, Optional[_Shape]]] = {}
         self._queued: List[_Shape] = []  # shapes with rows, in first-use order
 
-    def add(self, mode: str, phases: list, marks: list, batch_size: Optional[int]) -> bool:
+    def add(self, mode: str, phases: list, marks: list, batch_size: Optional[int],
+            microbatches: Optional[int] = None) -> bool:
         """Queue one untraced step; False if its shape is not handled here."""
         shapes = self._shapes.get(mode)
         if shapes is None:
@@ -86,6 +89,8 @@ class Shapes:
             self._queued.append(shape)
         rows.append(marks)
         shape.samples += batch_size or 0
+        if microbatches:
+            shape.microbatches += microbatches
         return True
 
     def flush(self) -> None:
@@ -95,7 +100,8 @@ class Shapes:
             shape = queued.pop(0)
             rows, shape.rows = shape.rows, []
             samples, shape.samples = shape.samples, 0
-            self._add(shape, rows, samples)
+            microbatches, shape.microbatches = shape.microbatches, 0
+            self._add(shape, rows, samples, microbatches)
 
     def drop(self) -> int:
         """Forget every queued step (after a failed ``flush``); how many there were."""
@@ -103,10 +109,10 @@ class Shapes:
         n = 0
         for shape in queued:
             n += len(shape.rows)
-            shape.rows, shape.samples = [], 0
+            shape.rows, shape.samples, shape.microbatches = [], 0, 0
         return n
 
-    def _add(self, shape: _Shape, rows: List[list], samples: int) -> None:
+    def _add(self, shape: _Shape, rows: List[list], samples: int, microbatches: int) -> None:
         mode = shape.mode
         if shape.slots is None:
             shape.slots = [(self._slot_for(mode, name, parent), s) for (name, parent), s in shape.spans.items()]
@@ -117,7 +123,7 @@ class Shapes:
         if untracked:
             _add_column(self._slot_for(mode, *UNTRACKED_KEY), untracked)
         self._step_queue(mode).extend(list(map(truediv, steps, _NS)))
-        self._on_steps(mode, rows[0][0], rows[-1][-1], steps, samples)
+        self._on_steps(mode, rows[0][0], rows[-1][-1], steps, samples, microbatches)
 
 
 def _add_column(slot: Any, ns: List[int]) -> None:

@@ -29,6 +29,12 @@ class StepMetrics:
         self._steps = meter.create_counter(sc.METRIC_STEPS, unit="{step}", description="Steps completed")
         self._samples = meter.create_counter(
             sc.METRIC_SAMPLES, unit="{sample}", description="Samples processed (inferred batch sizes)")
+        self._microbatches = meter.create_counter(
+            sc.METRIC_MICROBATCHES, unit="{microbatch}",
+            description="Micro-batches of training steps (backward passes accumulated into an update)")
+        self._skipped = meter.create_counter(
+            sc.METRIC_SKIPPED_UPDATES, unit="{step}",
+            description="Training steps whose optimizer update was skipped (GradScaler found inf/NaN)")
         self._idle = meter.create_counter(
             sc.METRIC_GPU_IDLE, unit="s", description="Time the GPU sat idle, by the phase the host was in")
         self._common = dict(common)
@@ -88,14 +94,20 @@ class StepMetrics:
                 series = self._step_series[mode] = self._fast_step.series(self._for_mode(mode))
         return series.pending
 
-    def count(self, mode: str, steps: int, samples: int, queued: bool = True) -> None:
-        """``steps`` more steps (``samples`` samples) for the counters, added at
-        ``flush``; ``queued``: their values went through the queues (``queue_for``)."""
+    def count(self, mode: str, steps: int, samples: int, queued: bool = True, microbatches: int = 0,
+              skipped: int = 0) -> None:
+        """``steps`` more steps (``samples`` samples, ``microbatches``, ``skipped``
+        updates) for the counters, added at ``flush``; ``queued``: their values went
+        through the queues (``queue_for``)."""
         pending = self._pending.get(mode)
         if pending is None:
-            pending = self._pending[mode] = [0, 0]
+            pending = self._pending[mode] = [0, 0, 0, 0]
         pending[0] += steps
         pending[1] += samples
+        if microbatches:
+            pending[2] += microbatches
+        if skipped:
+            pending[3] += skipped
         if queued:
             self._queued_steps += steps
 
@@ -109,7 +121,7 @@ class StepMetrics:
 
     def record_phases(self, mode: str, duration_s: float, phases: List[Tuple[Any, float]],
                       idle: Optional[Dict[str, float]], batch_size: Optional[int], context=None,
-                      end_ns: int = 0) -> None:
+                      end_ns: int = 0, microbatches: int = 0, skipped: int = 0) -> None:
         """One step: ``phases`` as (``phase_handle``, seconds); ``context`` holds the
         step's span when traced; ``end_ns``: the step's end, epoch ns (the exemplar's time)."""
         attrs = self._for_mode(mode)
@@ -131,7 +143,7 @@ class StepMetrics:
             record = self._phase.record
             for phase_attrs, seconds in phases:
                 record(seconds, phase_attrs, context=context)
-        self.count(mode, 1, batch_size or 0, queued=False)
+        self.count(mode, 1, batch_size or 0, queued=False, microbatches=microbatches, skipped=skipped)
         if idle:
             for name, seconds in idle.items():
                 if seconds > 0:
@@ -157,4 +169,8 @@ class StepMetrics:
                 self._steps.add(pending[0], attrs)
                 if pending[1]:
                     self._samples.add(pending[1], attrs)
-                pending[0] = pending[1] = 0
+                if pending[2]:
+                    self._microbatches.add(pending[2], attrs)
+                if pending[3]:
+                    self._skipped.add(pending[3], attrs)
+                pending[0] = pending[1] = pending[2] = pending[3] = 0

@@ -110,6 +110,25 @@ def render_ranks(mode: str, rows: List[dict], phases: List[str]) -> List[str]:
     return lines
 
 
+def render_coverage(report: dict) -> List[str]:
+    """Per rank, the share of the training loop inside steps; the self-check's findings."""
+    lines = []
+    ranks = report.get("coverage") or []
+    for c in ranks:
+        who = f"rank {c['rank']} " if len(ranks) > 1 and c.get("rank") is not None else ""
+        line = (f"coverage: {who}{_pct(c.get('share'))} of the training loop's {c.get('loop_s', 0):.1f} s "
+                f"is inside steps")
+        if c.get("gaps"):
+            line += (f"; {c['outside_s']:.2f} s outside in {c['gaps']} gaps (largest {c['largest_gap_s']:.2f} s "
+                     f"after step {c.get('largest_gap_after_step')})")
+        lines.append(line)
+    for f in report.get("self_check") or ():
+        who = f" (rank {f['rank']})" if len(ranks) > 1 and f.get("rank") is not None else ""
+        lines.append(f"step detection in doubt{who}: {f['cause']}")
+        lines.append(f"  fix: {f['fix']}")
+    return lines
+
+
 def render_findings(findings: List[Finding], limit: int = 3) -> List[str]:
     if not findings:
         return ["verdict: no data"]
@@ -147,6 +166,10 @@ def render(report: dict, findings: List[Finding], mode: Optional[str]) -> str:
         if rk:
             lines.append("")
             lines.extend(rk)
+    cover = render_coverage(report)
+    if cover:
+        lines.append("")
+        lines.extend(cover)
     tel = {k: v for k, v in (report.get("telemetry") or {}).items() if v}
     if tel:
         lines.append("")

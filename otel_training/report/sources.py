@@ -113,7 +113,13 @@ def load_summaries(paths: List[str]) -> dict:
     modes: Dict[str, dict] = {}
     ranks: Dict[str, List[dict]] = {}
     tel = {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}
+    coverage: List[dict] = []
+    checks: List[dict] = []
     for path, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0])):
+        who = {"rank": s.get("rank"), "host": s.get("host")}
+        if s.get("coverage"):
+            coverage.append({**who, **s["coverage"]})
+        checks.extend({**who, **f} for f in s.get("self_check") or ())
         for mode, m in (s.get("modes") or {}).items():
             if not m.get("steps"):
                 continue
@@ -140,7 +146,7 @@ def load_summaries(paths: List[str]) -> dict:
         "range": {"start": min(s.get("started_at") or 0 for _, s in files),
                   "end": max(s.get("ended_at") or 0 for _, s in files)},
         "modes": finish_modes(modes), "ranks": ranks, "gpus": [], "gpu_utilization": None,
-        "telemetry": tel,
+        "telemetry": tel, "coverage": coverage, "self_check": checks,
     }
 
 
