@@ -145,6 +145,32 @@ def test_lightning_module_hooks_and_loop_boundaries(instrumented):
     assert steps[-1].duration < 0.05
 
 
+def test_lightning_gradient_accumulation_is_one_step_per_update(instrumented):
+    """``accumulate_grad_batches=2``: Lightning runs the first batch's closure
+    directly and the second inside ``optimizer.step(closure)``; the step is the
+    update (Lightning's global_step), with two micro-batches and both fetches."""
+    class Counting(TinyModule):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            time.sleep(0.005)
+
+    tel = instrumented(integrations=("lightning",))
+    trainer = _trainer(limit_val_batches=0, accumulate_grad_batches=2)
+    trainer.fit(Counting(), _loader(48))
+    tel.uninstrument()
+    steps = tel.steps()
+    assert trainer.global_step == 3
+    assert [s.mode for s in steps] == ["train"] * 3, steps
+    for s in steps:
+        assert s.attributes["training.step.microbatches"] == 2
+        # (the update's optimizer_step pauses while its closure runs forward/backward)
+        assert len(s.named("dataloader_next")) == 2 and s.named("optimizer_step"), s
+        assert len(s.named("forward")) == len(s.named("backward")) == 2, s
+        assert len(s.named("callback.Counting.on_train_batch_end")) == 2, s
+    summary = tel.runtime.summary_dict()
+    assert summary["modes"]["train"]["microbatches"] == 6
+    assert summary["self_check"] == []
+
+
 SCRIPT = r"""
 import os, time, torch, warnings, logging
 warnings.filterwarnings("ignore")

@@ -247,9 +247,16 @@ def test_gradient_accumulation_across_batches(instrumented):
         if i % 2 == 1:
             opt.step()
             opt.zero_grad()
+    # A training step is one optimizer update (docs/steps.md): the two batches of
+    # each update are one step of two micro-batches, each with its own wait.
     steps = tel.steps()
-    assert [s.mode for s in steps] == ["train"] * 4
-    assert [bool(s.named("optimizer_step")) for s in steps] == [False, True, False, True]
+    assert [s.mode for s in steps] == ["train"] * 2
+    for s in steps:
+        assert s.attributes["training.step.microbatches"] == 2
+        assert s.top_level() == ["dataloader_next", "to_device", "train_batch"] * 2
+        assert [len(s.named(n)) for n in ("forward", "backward", "optimizer_step")] == [2, 2, 1]
+    assert sum(p.value for p in tel.points("training.microbatches")) == 4
+    assert sum(p.value for p in tel.points("training.steps")) == 2
 
 
 def test_several_loaders_enumerate_and_zip(instrumented):

@@ -1,0 +1,404 @@
+"""The step definition (docs/steps.md), rule by rule, on small loops shaped like
+public ones. The subprocess suite in tests/loops/ runs whole scripts; these run
+in-process against the SDK's in-memory exporters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import otel_training
+from tests.conftest import make_dataset, make_model, spin
+
+
+def _modes(tel):
+    return [s.mode for s in tel.steps()]
+
+
+def _micro(tel):
+    return [s.attributes.get("training.step.microbatches") for s in tel.steps()]
+
+
+def _summary(tel):
+    return tel.runtime.summary_dict()
+
+
+# -- 1. no optimizer: one backward pass is a step ------------------------------------
+def test_manual_sgd_without_dataloader_is_one_step_per_backward(instrumented):
+    """word_language_model's shape: model.zero_grad(), forward, backward,
+    p.data.add_(p.grad, alpha=-lr), .item() for logging; then a no_grad evaluate()."""
+    tel = instrumented()
+    model = make_model()
+    criterion = nn.CrossEntropyLoss()
+    for _ in range(5):
+        x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+        model.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+        loss.item()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+            criterion(model(x), y).item()
+    tel.uninstrument()
+    assert _modes(tel) == ["train"] * 5 + ["eval"] * 3
+    assert _micro(tel) == [1] * 5 + [None] * 3
+    for s in tel.steps()[:5]:
+        assert [len(s.named(n)) for n in ("forward", "backward")] == [1, 1]
+
+
+def test_rnn_cell_called_per_time_step_is_one_step(instrumented):
+    """The char-RNN tutorial: a root cell called once per character, one backward,
+    a manual update: one step per sequence, not one per character."""
+    tel = instrumented()
+    cell = nn.RNNCell(8, 16)
+    head = nn.Linear(16, 2)
+    for _ in range(3):
+        h = torch.zeros(1, 16)
+        cell.zero_grad()
+        head.zero_grad()
+        for t in range(6):
+            h = cell(torch.randn(1, 8), h)
+        nn.functional.cross_entropy(head(h), torch.tensor([1])).backward()
+        for p in list(cell.parameters()) + list(head.parameters()):
+            p.data.add_(p.grad, alpha=-0.01)
+    tel.uninstrument()
+    assert _modes(tel) == ["train"] * 3
+    assert _micro(tel) == [1, 1, 1]
+
+
+# -- 2. one optimizer update is a step ----------------------------------------------
+def test_accumulation_without_dataloader_merges_micro_steps(instrumented):
+    """nanoGPT's shape: get_batch, gradient_accumulation_steps forward/backward,
+    one optimizer step, zero_grad; estimate_loss() under no_grad every few iterations."""
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    for it in range(4):
+        if it % 2 == 0:
+            model.eval()
+            with torch.no_grad():
+                for _ in range(3):
+                    model(torch.randn(4, 8))
+            model.train()
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(model(x), y) / 3
+            x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))  # the next batch
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    tel.uninstrument()
+    assert _modes(tel) == ["eval"] * 3 + ["train", "train"] + ["eval"] * 3 + ["train", "train"]
+    assert [m for m in _micro(tel) if m is not None] == [3] * 4
+    summary = _summary(tel)
+    assert summary["modes"]["train"]["steps"] == 4
+    assert summary["modes"]["train"]["microbatches"] == 12
+    assert summary["modes"]["eval"]["steps"] == 6
+
+
+def test_accumulation_inside_one_batch(instrumented):
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(make_dataset(16), batch_size=8):
+        opt.zero_grad()
+        for xs, ys in zip(x.chunk(4), y.chunk(4)):
+            nn.functional.cross_entropy(model(xs), ys).backward()
+        opt.step()
+    assert _micro(tel) == [4, 4]
+
+
+def test_two_optimizers_in_one_iteration_count_once(instrumented):
+    """DCGAN: D on real, D on fake, D.step; G through D, G.step -- one step of
+    two micro-batches (D's two backward passes before the first update)."""
+    tel = instrumented()
+    net_d, net_g = nn.Linear(8, 1), nn.Linear(4, 8)
+    opt_d = torch.optim.Adam(net_d.parameters())
+    opt_g = torch.optim.Adam(net_g.parameters())
+    bce = nn.BCEWithLogitsLoss()
+    for real, _ in DataLoader(make_dataset(12), batch_size=4):
+        net_d.zero_grad()
+        bce(net_d(real), torch.ones(4, 1)).backward()
+        fake = net_g(torch.randn(4, 4))
+        bce(net_d(fake.detach()), torch.zeros(4, 1)).backward()
+        opt_d.step()
+        net_g.zero_grad()
+        bce(net_d(fake), torch.ones(4, 1)).backward()
+        opt_g.step()
+    assert _modes(tel) == ["train"] * 3
+    assert _micro(tel) == [2, 2, 2]
+
+
+def test_two_optimizers_without_dataloader_count_once(instrumented):
+    tel = instrumented()
+    net_d, net_g = nn.Linear(8, 1), nn.Linear(4, 8)
+    opt_d = torch.optim.Adam(net_d.parameters())
+    opt_g = torch.optim.Adam(net_g.parameters())
+    for _ in range(3):
+        opt_d.zero_grad()
+        net_d(torch.randn(4, 8)).mean().backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        net_d(net_g(torch.randn(4, 4))).mean().backward()
+        opt_g.step()
+    tel.uninstrument()
+    assert _modes(tel) == ["train"] * 3
+
+
+def test_reinforce_episode_is_one_step(instrumented):
+    """reinforce.py: select_action() runs the policy with gradients at every env
+    step; finish_episode() does one backward and one optimizer step."""
+    tel = instrumented()
+    policy = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    for episode in range(3):
+        log_probs = []
+        for t in range(5 + episode):
+            probs = torch.softmax(policy(torch.randn(1, 4)), -1)
+            log_probs.append(torch.log(probs[0, 0]))
+            spin(0.001)  # env.step()
+        loss = -torch.stack(log_probs).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    tel.uninstrument()
+    assert _modes(tel) == ["train"] * 3
+    assert [len(s.named("forward")) for s in tel.steps()] == [5, 6, 7]
+
+
+def test_no_grad_rollout_then_minibatch_updates(instrumented):
+    """PPO's shape: a no_grad rollout (eval steps), then minibatch updates."""
+    tel = instrumented()
+    agent = nn.Linear(4, 2)
+    opt = torch.optim.Adam(agent.parameters())
+    for _ in range(2):
+        with torch.no_grad():
+            for _ in range(4):
+                agent(torch.randn(1, 4))
+        for _ in range(3):
+            agent(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    tel.uninstrument()
+    assert _modes(tel) == (["eval"] * 4 + ["train"] * 3) * 2
+
+
+# -- 3. eval inside an iteration --------------------------------------------------
+def test_no_grad_forward_after_the_update_is_its_own_eval_step(instrumented):
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(DataLoader(make_dataset(16), batch_size=4)):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if i % 2 == 1:
+            model.eval()
+            with torch.no_grad():
+                model(x).argmax(1).tolist()
+            model.train()
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train", "train", "eval", "train", "train", "eval"]
+    for s in steps:
+        if s.mode == "train":
+            assert len(s.named("forward")) == 1
+
+
+# -- 4. closures ----------------------------------------------------------------------
+def test_lbfgs_closure_is_one_step_per_step_call(instrumented):
+    """time_sequence_prediction: optimizer.step(closure) (the closure prints
+    loss.item()), then a no_grad prediction and drawing."""
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+    for _ in range(2):
+        def closure():
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.item()
+            loss.backward()
+            return loss
+        opt.step(closure)
+        with torch.no_grad():
+            model(torch.randn(16, 8)).numpy()
+        spin(0.002)  # drawing
+    tel.uninstrument()
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train", "eval", "train", "eval"]
+    for s in steps[::2]:
+        assert s.top_level() == ["train_batch"]  # the whole step(closure) is the container
+        (batch,) = s.named("train_batch")
+        kids = [c.name for c in s.children(batch)]
+        assert kids[0] == "optimizer_step" and kids[-1] == "optimizer_step"
+        assert kids.count("forward") == kids.count("backward") >= 1
+        assert s.attributes["training.step.microbatches"] == 1
+        # phases add up: the container covers the step
+        assert abs(s.duration - sum(c.end_time - c.start_time for c in s.children()) / 1e9) < 1e-3
+
+
+# -- 5. GradScaler skipped updates ---------------------------------------------------------
+def test_gradscaler_step_skipped_for_inf_is_a_step_marked_skipped(instrumented):
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    for i, (x, y) in enumerate(DataLoader(make_dataset(12), batch_size=4)):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if i == 1:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train"] * 3
+    assert [s.attributes.get("training.step.update_skipped", False) for s in steps] == [False, True, False]
+    assert _summary(tel)["modes"]["train"]["skipped_updates"] == 1
+    assert sum(p.value for p in tel.points("training.skipped_updates")) == 1
+
+
+# -- 6. loader ends, prefetching, coverage ---------------------------------------------
+class _AheadLoader:
+    """Fetches one batch ahead, like accelerate's DataLoaderShard."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        it = iter(self.loader)
+        current = next(it)
+        while True:
+            try:
+                following = next(it)
+            except StopIteration:
+                yield current
+                return
+            yield current
+            current = following
+
+
+def test_a_loader_that_fetches_ahead_makes_no_steps_of_its_own(instrumented):
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        for x, y in _AheadLoader(DataLoader(make_dataset(16, delay=0.003), batch_size=4)):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    tel.uninstrument()
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train"] * 8
+    # the first step waited for two batches; every step holds its wait
+    assert len(steps[0].named("dataloader_next")) == 2
+    summary = _summary(tel)
+    assert summary["coverage"]["share"] > 0.95
+    assert summary["self_check"] == []
+
+
+def test_coverage_reports_the_time_between_loops(instrumented):
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in DataLoader(make_dataset(8), batch_size=4):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        if epoch == 0:
+            spin(0.05)  # a checkpoint between epochs: no step is open
+    tel.uninstrument()
+    cov = _summary(tel)["coverage"]
+    assert cov["outside_s"] == pytest.approx(0.05, abs=0.01)
+    assert cov["largest_gap_s"] == pytest.approx(0.05, abs=0.01)
+    assert cov["largest_gap_after_step"] == 1
+    assert cov["in_steps_s"] + cov["outside_s"] == pytest.approx(cov["loop_s"], rel=1e-6)
+
+
+# -- 7. self-check and the escape hatch -------------------------------------------------
+def test_self_check_fires_when_the_optimizer_never_steps(instrumented, capsys):
+    """An optimizer exists, but the loop updates parameters by hand."""
+    tel = instrumented()
+    model = make_model()
+    torch.optim.SGD(model.parameters(), lr=0.1)  # made, never stepped
+    opt_kept = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(40):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,))).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        spin(0.001)
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    tel.uninstrument()
+    del opt_kept
+    summary = _summary(tel)
+    assert summary["modes"]["train"]["steps"] == 1
+    kinds = [f["kind"] for f in summary["self_check"]]
+    assert kinds == ["merged_steps"]
+    assert "OTEL_TRAINING_STEP_BOUNDARY=backward" in summary["self_check"][0]["fix"]
+    assert "otel-training: step detection in doubt" in capsys.readouterr().err
+
+
+def test_step_boundary_backward_fixes_it(instrumented):
+    tel = instrumented(step_boundary="backward")
+    model = make_model()
+    torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,))).backward()
+    tel.uninstrument()
+    assert _modes(tel) == ["train"] * 6
+    assert _summary(tel)["self_check"] == []
+
+
+def test_step_boundary_dataloader_keeps_one_step_per_batch(instrumented):
+    tel = instrumented(step_boundary="dataloader")
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(DataLoader(make_dataset(16), batch_size=4)):
+        nn.functional.cross_entropy(model(x), y).backward()
+        if i % 2:
+            opt.step()
+            opt.zero_grad()
+    assert _modes(tel) == ["train"] * 4
+
+
+def test_step_boundary_forward_makes_one_step_per_forward(instrumented):
+    tel = instrumented(step_boundary="forward")
+    model = make_model()
+    loss_fn = nn.CrossEntropyLoss()
+    with torch.no_grad():
+        for x, y in DataLoader(make_dataset(8), batch_size=4):
+            for xs in x.chunk(2):  # two forwards per batch: two steps
+                loss_fn(model(xs), y[:2])
+    assert _modes(tel) == ["eval"] * 4
+
+
+def test_step_boundary_is_validated():
+    from otel_training.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="OTEL_TRAINING_STEP_BOUNDARY='epoch' is not valid: use one of auto, "
+                                          "optimizer, backward, dataloader, forward"):
+        load_config({"OTEL_TRAINING_STEP_BOUNDARY": "epoch"})
+
+
+def test_manual_step_wins_over_detection(instrumented):
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        with otel_training.step():
+            for _ in range(3):  # three updates in one user step
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+    tel.uninstrument()
+    assert _modes(tel) == ["train", "train"]
