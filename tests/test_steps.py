@@ -402,3 +402,54 @@ def test_manual_step_wins_over_detection(instrumented):
                 opt.step()
     tel.uninstrument()
     assert _modes(tel) == ["train", "train"]
+
+
+MANUAL_UPDATES = r"""
+import time, torch, otel_training
+otel_training.instrument()
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)  # exists, never stepped
+for _ in range(40):
+    model.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+    time.sleep(0.001)
+"""
+
+
+def test_self_check_line_at_exit_and_in_the_report(tmp_path, capsys):
+    """The doubtful loop as a user runs it: one line on stderr at exit, and the
+    report of its summary file names the cause and the fix, with the coverage."""
+    import os
+    import subprocess
+    import sys
+
+    from otel_training.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text(MANUAL_UPDATES)
+    summary = tmp_path / "s.json"
+    env = dict(os.environ, OTEL_TRAINING_SUMMARY_FILE=str(summary), OTEL_TRAINING_HARDWARE="false",
+               OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doubt = [ln for ln in proc.stderr.splitlines() if ln.startswith("otel-training: step detection in doubt")]
+    assert len(doubt) == 1 and "40 backward passes" in doubt[0], proc.stderr
+    assert "OTEL_TRAINING_STEP_BOUNDARY=backward" in doubt[0]
+
+    assert main(["report", "--summary", str(summary)]) == 0
+    out = capsys.readouterr().out
+    assert "coverage: 100.0% of the training loop's" in out
+    assert "step detection in doubt: train step 0 holds 40 backward passes" in out
+    assert "fix: set OTEL_TRAINING_STEP_BOUNDARY=backward" in out
+
+    # the escape hatch it names: 40 steps, nothing in doubt
+    env["OTEL_TRAINING_STEP_BOUNDARY"] = "backward"
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "step detection" not in proc.stderr, proc.stderr
+    import json
+
+    data = json.loads(summary.read_text())
+    assert data["modes"]["train"]["steps"] == 40 and data["self_check"] == []
