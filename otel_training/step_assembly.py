@@ -58,7 +58,7 @@ class StepAssembler:
         # Optimizers constructed since instrumentation (torch's Optimizer.__init__):
         # with any alive, backward passes without an update are gradient accumulation.
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self._alive = self.optimizers.data  # its set of weak references: len() in C
+        self.alive = self.optimizers.data  # its set of weak references: len() in C
         self.update_seen = False
         self._next = 0
         self._prefix: Optional[StepTimeline] = None  # waits for data, for the next piece
@@ -76,15 +76,16 @@ class StepAssembler:
             return True
         if b == BOUNDARY_OPTIMIZER:
             return False
-        return not self.update_seen and not self._alive
+        return not self.update_seen and not self.alive
 
     # -- pieces in -----------------------------------------------------------------------
     def add(self, piece: StepTimeline) -> None:
         """One finished piece of the timeline."""
         if piece.saw_optimizer and self._held is None and self._pending is None and self._prefix is None:
             # The usual loop: a piece with its update, nothing held (no merging).
+            # (Optimizer ids are kept only where several optimizers exist.)
             ids = piece.optimizers
-            if ids is None or len(ids) >= len(self._alive) or piece.hard or self.boundary != BOUNDARY_AUTO:
+            if ids is None or len(ids) >= len(self.alive) or piece.hard or self.boundary != BOUNDARY_AUTO:
                 self.update_seen = True
                 self._emit(piece)
                 return
@@ -163,7 +164,7 @@ class StepAssembler:
             self._pending = None
             piece = _absorb(pending, piece)
         ids = piece.optimizers
-        if ids is not None and len(ids) < len(self._alive):
+        if ids is not None and len(ids) < len(self.alive):
             self._held = piece  # the next piece tells whether another optimizer joins
         else:
             self._emit(piece)
@@ -186,20 +187,17 @@ class StepAssembler:
     def _emit(self, step: StepTimeline) -> None:
         step.index = self._next
         self._next += 1
-        # Coverage: time in steps and the gaps between them (steps leave in time order).
+        # Coverage: the gaps between steps (they leave in time order, never overlapping).
         marks = step.marks
-        start = marks[0]
-        end = marks[-1]
         cov = self.coverage
-        cov.in_steps += end - start
-        gap = start - cov.last_end
+        gap = marks[0] - cov.last_end
         if gap > 0:
-            cov.gap(gap, self._next - 2, start)
-        cov.last_end = end
+            cov.gap(gap, self._next - 2, marks[0])
+        cov.last_end = marks[-1]
         if step.microbatches is None and step.backwards > 1:  # (one: the pipeline's default)
             step.microbatches = step.backwards + step.closure_backward
         if step.microbatches is not None:  # merged (or counted by an integration)
-            cov.merged(step, end - start)
+            cov.merged(step, marks[-1] - marks[0])
         self._sink(step)
 
     @property
@@ -217,14 +215,13 @@ class Coverage:
     steps the self-check looks at (written by the assembler as steps leave it, in
     time order; read at the end of the run)."""
 
-    __slots__ = ("first_start", "last_end", "in_steps", "outside", "gaps", "largest_gap",
+    __slots__ = ("first_start", "last_end", "outside", "gaps", "largest_gap",
                  "largest_gap_after", "longest", "longest_index", "longest_microbatches",
                  "max_microbatches", "max_microbatches_index")
 
     def __init__(self) -> None:
         self.first_start: Optional[int] = None
         self.last_end = 0
-        self.in_steps = 0
         self.outside = 0
         self.gaps = 0
         self.largest_gap = 0
@@ -256,10 +253,11 @@ class Coverage:
     def to_dict(self, started_ns: Optional[int] = None) -> dict:
         """The summary's ``coverage``; ``started_ns``: when instrumentation began."""
         loop = (self.last_end - self.first_start) if self.first_start is not None else 0
+        inside = loop - self.outside
         out = {
             "loop_s": loop / 1e9,
-            "in_steps_s": self.in_steps / 1e9,
-            "share": min(1.0, self.in_steps / loop) if loop > 0 else (1.0 if self.first_start is not None else 0.0),
+            "in_steps_s": inside / 1e9,
+            "share": inside / loop if loop > 0 else (1.0 if self.first_start is not None else 0.0),
             "outside_s": self.outside / 1e9,
             "gaps": self.gaps,
             "largest_gap_s": self.largest_gap / 1e9,
@@ -292,7 +290,7 @@ class Coverage:
                 "fix": ("set OTEL_TRAINING_STEP_BOUNDARY=backward (one step per backward pass), "
                         "or mark steps with otel_training.step()"),
             })
-        share = self.in_steps / loop if loop > 0 else 1.0
+        share = (loop - self.outside) / loop if loop > 0 else 1.0
         if share < CHECK_COVERAGE and steps > 1:
             out.append({
                 "kind": "low_coverage",

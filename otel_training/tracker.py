@@ -44,6 +44,7 @@ class Tracker:
         self.assembler = sink
         self._sink = sink.add
         self._forward_boundary = sink.boundary == BOUNDARY_FORWARD
+        self._alive_optimizers = sink.alive
         self._timer = timer
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
@@ -61,7 +62,6 @@ class Tracker:
         self._to_device_from = -1  # mark where a pending to_device window began
         self._step_root: Any = None  # the first root module called in the step
         self._forward_root: Any = None  # the root that opened the last forward phase
-        self._root: Any = None  # the root whose forward is beginning
         self._optimizers: List[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
         self._closures = 0  # optimizer-step closures running now
         self.driver = DRIVER_NONE
@@ -199,16 +199,6 @@ class Tracker:
         stack.append(rec)
         return rec
 
-    def _continues_forward(self, step: StepTimeline, up: Any) -> bool:
-        """A root forward begins right where the last forward phase ended, and from
-        another root than the one that opened it (the same root again -- an RNN
-        cell per time step, a policy per env step -- is a forward of its own)."""
-        phases = step.phases
-        if not phases or self._root is self._forward_root:
-            return False
-        last = phases[-1]
-        return last.name == _FORWARD and last.up is up and last.end == len(step.marks) - 1
-
     def _close_batch(self) -> None:
         batch = self._batch
         if batch is not None and self._stack and self._stack[-1] is batch:
@@ -242,13 +232,6 @@ class Tracker:
                 if batch is None:
                     rec = self._batch = self._open(_BATCH, True)
                     self._open(name, auto, rec.start)
-                    return True
-                if name == _FORWARD and auto and self._continues_forward(step, top):
-                    # Another root right after the last (the loss module after the
-                    # model): the same forward goes on -- one phase, no new mark.
-                    last = step.phases[-1]
-                    last.end = -1
-                    stack.append(last)
                     return True
         elif top is not None and top is batch and not self._closures:
             # (inside an optimizer.step(closure), the container holds the whole step)
@@ -328,61 +311,69 @@ class Tracker:
     def forward_begin(self, root: Any = None) -> None:
         """A root module's forward began (``root``: that module)."""
         step = self.step
-        fresh = False
         driver = self.driver
-        self._root = root
-        train = self._grad_enabled() and getattr(root, "training", True)
         if step is None:
             # No piece open: a loop without a DataLoader (or code after a DataLoader
             # loop ended) -- pieces are cut at forwards. Inside a manual step() loop,
             # time outside step() belongs to no step.
-            if driver not in (DRIVER_NONE, DRIVER_DATALOADER):
-                self._root = None
+            if driver != DRIVER_NONE and driver != DRIVER_DATALOADER:
                 return
-            self.start_step(DRIVER_NONE)
-            step, fresh = self.step, True
-        elif ((driver == DRIVER_NONE or driver == DRIVER_DATALOADER) and not self._optimizers
-              and (step.saw_forward or step.saw_backward or step.saw_optimizer)
-              and self._cuts(step, root, train)):
-            self.start_step(DRIVER_NONE)
-            step, fresh = self.step, True
-        if self._step_root is None:
-            self._step_root = root
-        pending = self._to_device_from
+            fresh = True
+        elif step.saw_forward or step.saw_backward or step.saw_optimizer:
+            stack = self._stack
+            top = stack[-1] if stack else None
+            if top is not None and top is self._batch and root is not self._forward_root:
+                last = step.phases[-1]
+                if last.name == _FORWARD and last.up is top and last.end == len(step.marks) - 1:
+                    # Another root right after the last forward (the loss module after
+                    # the model): the same forward goes on -- one phase, no new mark.
+                    # (The same root again -- an RNN cell per time step -- is not.)
+                    last.end = -1
+                    stack.append(last)
+                    if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
+                        step.train_forward = True
+                    return
+            fresh = ((driver == DRIVER_NONE or driver == DRIVER_DATALOADER) and not self._optimizers
+                     and self._cuts(step, root))
+        else:
+            fresh = False
         if fresh:  # a piece cut here begins with this forward
-            batch = self._open(_BATCH, True, 0)
-            self._batch = batch
+            self.start_step(DRIVER_NONE)
+            step = self.step
+            self._batch = self._open(_BATCH, True, 0)
             self._open(sc.PHASE_FORWARD, True, 0)
-        elif pending >= 0 and not self._stack:
-            rec = PhaseRecord(sc.PHASE_TO_DEVICE, sc.SPAN_STEP, pending, True)
-            rec.end = self._mark()
+        elif self._to_device_from >= 0 and not self._stack:
+            rec = PhaseRecord(sc.PHASE_TO_DEVICE, sc.SPAN_STEP, self._to_device_from, True)
+            rec.end = at = self._mark()
             step.phases.append(rec)
             self._to_device_from = -1
-            at = rec.end
-            batch = self._open(_BATCH, True, at)
-            self._batch = batch
+            self._batch = self._open(_BATCH, True, at)
             self._open(sc.PHASE_FORWARD, True, at)
         elif not self.begin_phase(sc.PHASE_FORWARD, auto=True):
-            self._root = None
             return
-        self._root = None  # (held only while the forward begins: a dropped model is freed)
-        if step.phases[-1].start == len(step.marks) - 1:  # a forward phase opened now
-            self._forward_root = root
+        self._forward_root = root
+        if self._step_root is None:
+            self._step_root = root
         step.saw_forward = True
-        if train:
+        if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
             step.train_forward = True
 
-    def _cuts(self, step: StepTimeline, root: Any, train: bool) -> bool:
-        """Whether a root forward begins a new piece (``step`` already holds work)."""
-        if self._forward_boundary:  # one step per forward (not the loss module after it)
-            return not self._continues_forward(step, self._stack[-1] if self._stack else None)
+    def _cuts(self, step: StepTimeline, root: Any) -> bool:
+        """Whether a root forward (not continuing the last) begins a new piece;
+        ``step`` already holds work."""
+        if self._forward_boundary:
+            return True
         if step.saw_optimizer:  # after an update: the next iteration, or an eval forward
-            return self.driver == DRIVER_NONE or not train
+            return self.driver == DRIVER_NONE or not self._is_train(root)
         if step.saw_backward:  # accumulation, unless each backward is a step
             return self.assembler.per_backward
         if self.driver != DRIVER_NONE or step.train_forward:
             return False  # a rollout, a target network under no_grad, the loss module
-        return train or root is self._step_root  # eval forwards: one batch each
+        return root is self._step_root or self._is_train(root)  # eval forwards: a batch each
+
+    def _is_train(self, root: Any) -> bool:
+        """A forward with gradients on and its root in train mode."""
+        return self._grad_enabled() and getattr(root, "training", True)
 
     def backward_begin(self) -> bool:
         step = self.step
@@ -422,12 +413,12 @@ class Tracker:
         if step is None:
             return
         step.updates += 1
-        ids = step.optimizers
-        oid = id(optimizer)
-        if ids is None:
-            step.optimizers = [oid]
-        elif oid not in ids:
-            ids.append(oid)
+        if len(self._alive_optimizers) > 1:  # which ones stepped: does another join?
+            ids = step.optimizers
+            if ids is None:
+                step.optimizers = [id(optimizer)]
+            elif id(optimizer) not in ids:
+                ids.append(id(optimizer))
         pending = self._optimizers
         if pending and frame is not None:
             # A step that raised never runs its post-hooks: its frame is gone from
