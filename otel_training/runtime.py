@@ -123,6 +123,9 @@ class Runtime:
         self.module_hooks = RootModuleHooks(self.tracker, self.on_error)
         self.module_hooks.arm()
         self.tracker.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
+        # A new loop often brings a new model (a checkpoint loaded for evaluation, an
+        # EMA copy): discovery watches its first step, so its first forward is seen.
+        self.tracker.on_loop = self.module_hooks.arm
         self._handles = install_torch_hooks(self.tracker, self._patcher, self.on_error)
         self.pipeline.start()
         try:
@@ -264,6 +267,7 @@ class Runtime:
         """Remove every hook and patch (exact restore); telemetry so far is flushed."""
         self.shutdown(final=False)
         self.tracker.after_step = None  # a later manual step() must not re-arm discovery
+        self.tracker.on_loop = None
         if self.module_hooks is not None:
             self.module_hooks.remove()
         for handle in self._handles:

@@ -111,14 +111,14 @@ class StepAssembler:
         elif piece.saw_backward:
             self._emit_held()
             if self.per_backward:
-                self._resolve()
-                self._emit(piece)
+                pending, self._pending = self._pending, None
+                self._emit(piece if pending is None else _absorb(pending, piece))
             else:
                 self._hold_pending(piece)
         elif b == BOUNDARY_OPTIMIZER and piece.train_forward:
             self._emit_held()
             self._hold_pending(piece)
-        else:  # a forward and no backward: an eval step
+        else:  # a forward batch without backward: an eval step
             self._resolve()
             self._emit(piece)
 

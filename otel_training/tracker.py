@@ -51,7 +51,8 @@ class Tracker:
         self._timer_mark = timer.mark if type(timer).mark is not DeviceTimer.mark else None
         if self._timer_mark is None:
             self._mark = self._mark_host
-        self.after_step: Optional[Callable[[], None]] = None  # called after each step is handed over
+        self.after_step: Optional[Callable[[], None]] = None  # called after each piece is handed over
+        self.on_loop: Optional[Callable[[], None]] = None  # called when a DataLoader loop begins
         self._clock = clock
         torch = sys.modules.get("torch")  # the manual API needs no torch
         self._grad_enabled = getattr(torch, "is_grad_enabled", None) or _grad_enabled
@@ -264,6 +265,8 @@ class Tracker:
         token, now = self._stamp()
         if self.step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
             self._close(token, now)  # a framework or manual driver keeps its step
+        if self.on_loop is not None:
+            self.on_loop()
         return token, now
 
     def loader_next_begin(self, iterator: Any, started_at: Optional[tuple] = None) -> bool:
@@ -271,8 +274,13 @@ class Tracker:
         if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         step = self.step
-        new = step is None or step.source == id(iterator) or _has_work(step)  # (fast when it has)
-        if not new:  # zip(loader_a, loader_b): same step, another wait
+        # A new batch: the same loader again, or another loader once the step's batch
+        # is done (it ran a backward or an update) or no loader began it. Otherwise
+        # another wait of the same step: zip(loader_a, loader_b), or a second loader
+        # read mid-iteration (a target-domain batch after the source forward).
+        new = step is None or step.source == id(iterator) or (
+            _has_work(step) and (step.source is None or step.saw_backward or step.saw_optimizer))
+        if not new:
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         self.driver = DRIVER_DATALOADER
         token, now = self._stamp()

@@ -453,3 +453,48 @@ def test_self_check_line_at_exit_and_in_the_report(tmp_path, capsys):
 
     data = json.loads(summary.read_text())
     assert data["modes"]["train"]["steps"] == 40 and data["self_check"] == []
+
+
+def test_a_second_loader_read_mid_iteration_is_a_wait_of_the_same_step(instrumented):
+    """DANN's shape: the source batch, its forward, then the target batch from a
+    second loader, its forward, one backward and update: one step, two waits."""
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters())
+    source = DataLoader(make_dataset(12, delay=0.002), batch_size=4)
+    target = DataLoader(make_dataset(12, delay=0.002), batch_size=4)
+    target_iter = iter(target)
+    for xs, ys in source:
+        loss = nn.functional.cross_entropy(model(xs), ys)
+        xt, _ = next(target_iter)
+        loss = loss + model(xt).logsumexp(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train"] * 3
+    for s in steps:
+        assert len(s.named("dataloader_next")) == 2 and len(s.named("forward")) == 2
+
+
+def test_a_model_loaded_for_evaluation_is_seen_from_its_first_batch(instrumented):
+    """DANN's test(): each evaluation loads the saved model anew (a copy carries no
+    instrumentation): the new loop re-arms discovery, so its first forward counts."""
+    import io
+
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(make_dataset(8), batch_size=4):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for _ in range(2):
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False).eval()
+        for x, y in DataLoader(make_dataset(12), batch_size=4):
+            loaded(x).argmax(1).cpu()
+    steps = tel.steps()
+    assert [s.mode for s in steps] == ["train"] * 2 + ["eval"] * 6
+    assert all(len(s.named("forward")) == 1 for s in steps)
