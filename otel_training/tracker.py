@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Optional
 
 from otel_training import semconv as sc
@@ -63,6 +64,8 @@ class Tracker:
         self._to_device_from = -1  # mark where a pending to_device window began
         self._step_root: Any = None  # the first root module called in the step
         self._forward_root: Any = None  # the root that opened the last forward phase
+        self._last_root: Any = None  # the last root called (a continuation's too)
+        self._loss_roots: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
         self._optimizers: List[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
         self._closures = 0  # optimizer-step closures running now
         self.driver = DRIVER_NONE
@@ -107,6 +110,7 @@ class Tracker:
         self._to_device_from = -1
         self._step_root = None
         self._forward_root = None
+        self._last_root = None
         self._optimizers = []
         return step
 
@@ -274,12 +278,12 @@ class Tracker:
         if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         step = self.step
-        # A new batch: the same loader again, or another loader once the step's batch
-        # is done (it ran a backward or an update) or no loader began it. Otherwise
+        # A new batch: the same loader again, or another loader once the piece holds
+        # work other than a training forward still waiting for its backward. Otherwise
         # another wait of the same step: zip(loader_a, loader_b), or a second loader
         # read mid-iteration (a target-domain batch after the source forward).
-        new = step is None or step.source == id(iterator) or (
-            _has_work(step) and (step.source is None or step.saw_backward or step.saw_optimizer))
+        new = step is None or step.source == id(iterator) or (_has_work(step) and (
+            step.source is None or step.saw_backward or step.saw_optimizer or not step.train_forward))
         if not new:
             return self.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         self.driver = DRIVER_DATALOADER
@@ -332,12 +336,15 @@ class Tracker:
             top = stack[-1] if stack else None
             if top is not None and top is self._batch and root is not self._forward_root:
                 last = step.phases[-1]
-                if last.name == _FORWARD and last.up is top and last.end == len(step.marks) - 1:
-                    # Another root right after the last forward (the loss module after
-                    # the model): the same forward goes on -- one phase, no new mark.
-                    # (The same root again -- an RNN cell per time step -- is not.)
+                if (last.name == _FORWARD and last.up is top and last.end == len(step.marks) - 1
+                        and self._is_loss(root)):
+                    # A loss module right after the last forward (nothing timed in
+                    # between): the same forward goes on -- one phase, no new mark.
+                    # (A model -- the same RNN cell again, a critic after the actor, a
+                    # value network after the env step -- is a forward of its own.)
                     last.end = -1
                     stack.append(last)
+                    self._last_root = root
                     if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
                         step.train_forward = True
                     return
@@ -359,7 +366,7 @@ class Tracker:
             self._open(sc.PHASE_FORWARD, True, at)
         elif not self.begin_phase(sc.PHASE_FORWARD, auto=True):
             return
-        self._forward_root = root
+        self._forward_root = self._last_root = root
         if self._step_root is None:
             self._step_root = root
         step.saw_forward = True
@@ -371,13 +378,30 @@ class Tracker:
         ``step`` already holds work."""
         if self._forward_boundary:
             return True
-        if step.saw_optimizer:  # after an update: the next iteration, or an eval forward
-            return self.driver == DRIVER_NONE or not self._is_train(root)
+        if step.saw_optimizer:
+            # After an update: the next iteration, an eval forward, or another
+            # optimizer's part of the iteration (a GAN's G: the assembler merges it).
+            return True
         if step.saw_backward:  # accumulation, unless each backward is a step
             return self.assembler.per_backward
         if self.driver != DRIVER_NONE or step.train_forward:
             return False  # a rollout, a target network under no_grad, the loss module
-        return root is self._step_root or self._is_train(root)  # eval forwards: a batch each
+        # Eval forwards: a root that already ran in the piece begins the next batch.
+        return root is self._step_root or root is self._last_root or self._is_train(root)
+
+    def _is_loss(self, root: Any) -> bool:
+        """A root without parameters: a loss module (or a parameter-free wrapper)."""
+        cache = self._loss_roots
+        try:
+            return cache[root]
+        except KeyError:
+            pass
+        except TypeError:  # not weakly referenceable
+            return False
+        parameters = getattr(root, "parameters", None)
+        loss = parameters is not None and next(iter(parameters()), None) is None
+        cache[root] = loss
+        return loss
 
     def _is_train(self, root: Any) -> bool:
         """A forward with gradients on and its root in train mode."""

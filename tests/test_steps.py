@@ -498,3 +498,24 @@ def test_a_model_loaded_for_evaluation_is_seen_from_its_first_batch(instrumented
     steps = tel.steps()
     assert [s.mode for s in steps] == ["train"] * 2 + ["eval"] * 6
     assert all(len(s.named("forward")) == 1 for s in steps)
+
+
+def test_rollout_forwards_of_methods_calling_two_roots(instrumented):
+    """CleanRL's PPO: get_action_and_value() runs the actor then the critic (two
+    roots, one forward batch); the bootstrap get_value() runs the critic alone."""
+    tel = instrumented()
+    actor, critic = nn.Linear(4, 2), nn.Linear(4, 1)
+    opt = torch.optim.Adam(list(actor.parameters()) + list(critic.parameters()))
+    for _ in range(2):
+        with torch.no_grad():
+            for _ in range(3):
+                obs = torch.randn(2, 4)
+                actor(obs), critic(obs)
+            critic(torch.randn(2, 4))  # bootstrap value
+        for _ in range(2):
+            obs = torch.randn(4, 4)
+            (actor(obs).sum() + critic(obs).sum()).backward()
+            opt.step()
+            opt.zero_grad()
+    tel.uninstrument()
+    assert _modes(tel) == (["eval"] * 4 + ["train"] * 2) * 2
