@@ -18,6 +18,7 @@ from opentelemetry import trace
 from otel_training import semconv as sc
 from otel_training.attribution import idle_between, synchronized_marks
 from otel_training.capture import TailCapture
+from otel_training.coverage import Coverage
 from otel_training.emit.metrics import StepMetrics
 from otel_training.emit.spans import emit_step_spans
 from otel_training.shapes import UNTRACKED_KEY, Shapes
@@ -83,6 +84,7 @@ class Pipeline:
         self.on_step_done = on_step_done
         self._slots: Dict[str, Dict[Tuple[str, str], _PhaseSlot]] = {}
         self._seq = 0
+        self.coverage = Coverage()  # (steps arrive in time order)
         self._step_queues: Dict[str, Optional[list]] = {}
         # Binned histograms: untraced host-timed steps are added by shape, in bulk.
         self._shapes = Shapes(self._slot, self._step_queue, self._add_steps) if metrics.fast else None
@@ -187,6 +189,7 @@ class Pipeline:
             micro = step.microbatches or (step.backwards + step.closure_backward) or 1
         else:
             mode, micro = sc.MODE_EVAL, 0
+        self.coverage.add(step.index, host[0], host[-1], micro)
         step_ns = times[-1] - times[0]
         reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
         if reason is None and device is None and self._shapes is not None and not step.skipped:

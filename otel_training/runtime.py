@@ -24,7 +24,8 @@ from otel_training.export_guard import ROLE_HELPER, ROLE_SPAWN, ExportGuard, mul
 from otel_training.pipeline import Pipeline
 from otel_training.resource_info import process_info, run_id
 from otel_training.selftelemetry import SelfTelemetry
-from otel_training.step_assembly import StepAssembler, self_check_line
+from otel_training.coverage import self_check_line
+from otel_training.step_assembly import StepAssembler
 from otel_training.summary import RunSummary, render, write
 from otel_training.tracker import Tracker
 from otel_training.version import __version__
@@ -305,10 +306,10 @@ class Runtime:
 
     def summary_dict(self) -> dict:
         summary = self.pipeline.summary.to_dict(self.telemetry.as_dict())
-        assembler = self.tracker.assembler
+        coverage = self.pipeline.coverage
         summary["step_boundary"] = self.config.step_boundary
-        summary["coverage"] = assembler.coverage.to_dict(self._started_ns)
-        summary["self_check"] = assembler.coverage.self_check(assembler.steps)
+        summary["coverage"] = coverage.to_dict(self._started_ns)
+        summary["self_check"] = coverage.self_check()
         return summary
 
     def shutdown(self, final: bool = True) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import weakref
 from typing import Any, Callable, List, Optional
 
 from otel_training import semconv as sc
@@ -65,7 +64,6 @@ class Tracker:
         self._step_root: Any = None  # the first root module called in the step
         self._forward_root: Any = None  # the root that opened the last forward phase
         self._last_root: Any = None  # the last root called (a continuation's too)
-        self._loss_roots: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
         self._optimizers: List[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
         self._closures = 0  # optimizer-step closures running now
         self.driver = DRIVER_NONE
@@ -320,8 +318,9 @@ class Tracker:
         else:
             self.end_phase(sc.PHASE_DATALOADER_NEXT)
 
-    def forward_begin(self, root: Any = None) -> None:
-        """A root module's forward began (``root``: that module)."""
+    def forward_begin(self, root: Any = None, loss: bool = False) -> None:
+        """A root module's forward began (``root``: that module; ``loss``: it has no
+        parameters, a loss module)."""
         step = self.step
         driver = self.driver
         if step is None:
@@ -336,8 +335,7 @@ class Tracker:
             top = stack[-1] if stack else None
             if top is not None and top is self._batch and root is not self._forward_root:
                 last = step.phases[-1]
-                if (last.name == _FORWARD and last.up is top and last.end == len(step.marks) - 1
-                        and self._is_loss(root)):
+                if loss and last.name == _FORWARD and last.up is top and last.end == len(step.marks) - 1:
                     # A loss module right after the last forward (nothing timed in
                     # between): the same forward goes on -- one phase, no new mark.
                     # (A model -- the same RNN cell again, a critic after the actor, a
@@ -388,20 +386,6 @@ class Tracker:
             return False  # a rollout, a target network under no_grad, the loss module
         # Eval forwards: a root that already ran in the piece begins the next batch.
         return root is self._step_root or root is self._last_root or self._is_train(root)
-
-    def _is_loss(self, root: Any) -> bool:
-        """A root without parameters: a loss module (or a parameter-free wrapper)."""
-        cache = self._loss_roots
-        try:
-            return cache[root]
-        except KeyError:
-            pass
-        except TypeError:  # not weakly referenceable
-            return False
-        parameters = getattr(root, "parameters", None)
-        loss = parameters is not None and next(iter(parameters()), None) is None
-        cache[root] = loss
-        return loss
 
     def _is_train(self, root: Any) -> bool:
         """A forward with gradients on and its root in train mode."""

@@ -54,6 +54,14 @@ def _optimized_module_class():
 _CALL = "_call_impl"
 
 
+def _is_loss(module) -> bool:
+    """A module without parameters: a loss (or a parameter-free wrapper)."""
+    try:
+        return next(iter(module.parameters()), None) is None
+    except Exception:
+        return False
+
+
 def _restore(state: dict, call, prev) -> None:
     """Put back, in ``state``, the call a root had before our timed ``call``."""
     if state.get(_CALL) is call:
@@ -125,7 +133,7 @@ class RootModuleHooks:
                 return None
             self._add_root(module)
             # This call is already past our timed call: time it with a one-shot hook.
-            if self._begin(module):
+            if self._begin(module, _is_loss(module)):
                 once = None
 
                 def end_once(mod, args, output):
@@ -138,8 +146,9 @@ class RootModuleHooks:
         return None
 
     # -- timing a root's call ---------------------------------------------------------
-    def _begin(self, module) -> bool:
-        """A root call begins; True if it is the training thread's (``_end`` follows)."""
+    def _begin(self, module, loss: bool = False) -> bool:
+        """A root call begins; True if it is the training thread's (``_end`` follows).
+        ``loss``: the root has no parameters (a loss module)."""
         tracker = self._tracker
         ours = False
         try:
@@ -149,7 +158,7 @@ class RootModuleHooks:
             ours = True
             if self.depth == 1:
                 self.step_saw_root = True
-                tracker.forward_begin(module)
+                tracker.forward_begin(module, loss)
         except Exception as exc:
             self._on_error("forward", exc)
         return ours
@@ -175,13 +184,14 @@ class RootModuleHooks:
         hooks = self
         ref = weakref.ref(module)
         impl = type(module)._call_impl
+        loss = _is_loss(module)  # decided once: the tracker merges a loss into the forward
 
         def call(*args, **kwargs):
             mod = ref()
             if _is_compiling():  # inside compiled code: stay out of the graph
                 return impl(mod, *args, **kwargs) if inner is None else inner(*args, **kwargs)
             lifted = lift and hooks._suspend()
-            ours = hooks._begin(mod)
+            ours = hooks._begin(mod, loss)
             try:
                 result = impl(mod, *args, **kwargs) if inner is None else inner(*args, **kwargs)
             except BaseException as exc:
