@@ -29,6 +29,7 @@ _CHILDREN = frozenset(sc.BATCH_CHILDREN)
 DRIVER_NONE = "none"  # no step source seen yet: implicit steps at forward
 DRIVER_DATALOADER = "dataloader"
 DRIVER_MANUAL = "manual"
+_ITER_GAP_NS = 5_000_000  # iter(loader) this close before its first next(): one wait
 _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
 
@@ -139,6 +140,10 @@ class Tracker:
         if error is not None:
             self.step.error = error
         self._close(*self._stamp())
+
+    def now(self) -> int:
+        """The tracker's clock (host ns)."""
+        return self._clock()
 
     def _stamp(self) -> tuple:
         """(device token, host ns) of a boundary outside any step's marks yet."""
@@ -288,8 +293,10 @@ class Tracker:
         token, now = self._stamp()
         if step is not None:
             self._close(token, now)  # the next step begins where this one ends
-        elif started_at is not None:  # the iterator's start-up (workers) counts
-            token, now = started_at
+        elif started_at is not None and now - started_at[2] < _ITER_GAP_NS:
+            # ``for batch in loader``: the iterator's start-up (workers) counts in the
+            # first wait -- not when the iterator was made long before its first batch.
+            token, now = started_at[0], started_at[1]
         # Only the iterator's id is kept: holding the iterator would keep its worker
         # processes alive after the user's loop let go of it (and fork copies of it).
         step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))

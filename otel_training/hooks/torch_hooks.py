@@ -78,7 +78,8 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
             counts = instance.__dict__.setdefault("_otel_epochs", [0])
             it._otel_epoch = counts[0]
             counts[0] += 1
-            it._otel_started = started
+            if started is not None:  # (token, start ns, end ns) of the iterator's start-up
+                it._otel_started = started + (tracker.now(),)
         except Exception:
             pass  # an iterator without __dict__: no epoch, no start-up time
         return it
