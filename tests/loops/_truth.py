@@ -16,12 +16,13 @@ plotting), ``callback.<Class>.<hook>`` (Lightning / Transformers callbacks). Bes
 sleeps, ``timed()`` measures a block of the loop's own user code that lands in a step's
 ``untracked`` time (a checkpoint save, a metric computation): it is part of the truth.
 
-When ``LOOPS_LOOP_LOCK`` names a file, ``start()`` takes an exclusive lock on it and
-``stop()`` releases it: scripts run concurrently by the test suite then never time
-their loops at the same moment (imports, set-up and export still overlap), so one
-script's loop is not slowed by another's on a small machine.
-
-This module is plain Python on purpose: no torch, no otel_training.
+When the test suite runs several scripts at once (``LOOPS_LOOP_LOCK``, a lock file, and
+``LOOPS_PIDS_DIR``, a folder with one file named after each running script's pid),
+``start()`` takes the lock and stops (SIGSTOP) the other scripts, and ``stop()``
+resumes them (SIGCONT) and releases it. So a script times its loop alone on the
+machine, while the others may import and set up whenever no loop is being timed: on
+2 cores, a loop sharing the CPU with another busy process picks up several percent of
+scheduling noise. (The runner also resumes everyone when a script exits.)
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, List, Optional
 
 try:
     import fcntl
@@ -53,6 +55,8 @@ class Truth:
         self._t1: Optional[float] = None
         self.notes: Dict[str, object] = {}
         self._lock_fd: Optional[int] = None
+        self._stopped: List[int] = []
+        self._slept = 0.0  # all planted sleeps so far
 
     # -- the loop's wall time ---------------------------------------------------------
     def start(self) -> None:
@@ -67,12 +71,26 @@ class Truth:
         self._unlock()
 
     def _lock(self) -> None:
-        path = os.environ.get("LOOPS_LOOP_LOCK")
-        if path and fcntl is not None:
-            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        path, pids = os.environ.get("LOOPS_LOOP_LOCK"), os.environ.get("LOOPS_PIDS_DIR")
+        if not (path and pids) or fcntl is None:
+            return
+        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        for name in os.listdir(pids):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    os.kill(int(name), signal.SIGSTOP)
+                    self._stopped.append(int(name))
+                except OSError:
+                    pass  # it has exited
 
     def _unlock(self) -> None:
+        for pid in self._stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        self._stopped = []
         if self._lock_fd is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
@@ -99,18 +117,20 @@ class Truth:
         time.sleep(seconds)
         dt = time.perf_counter() - t
         self.add(mode, phase, dt)
+        self._slept += dt
         return dt
 
     @contextlib.contextmanager
     def timed(self, mode: str, phase: str) -> Iterator[None]:
         """Measure a block of the script's own code that lands in ``phase`` of a
-        ``mode`` step (it must run no forward, backward, optimizer step or loader)."""
-        t = time.perf_counter()
+        ``mode`` step (it must run no forward, backward, optimizer step, loader or
+        ``.item()``/``.cpu()``); planted sleeps inside it are not counted twice."""
+        t, slept = time.perf_counter(), self._slept
         try:
             yield
-        finally:
+        finally:  # planted sleeps inside the block are counted once, as planted
             slot = self._timed[mode]
-            slot[phase] = slot.get(phase, 0.0) + time.perf_counter() - t
+            slot[phase] = slot.get(phase, 0.0) + (time.perf_counter() - t) - (self._slept - slept)
 
     def add(self, mode: str, phase: str, seconds: float) -> None:
         slot = self._planted[mode]

@@ -17,7 +17,7 @@ from _truth import EVAL, TRAIN, Truth
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(0)
 truth = Truth("compile_loop")
-N_ITERS, N_EVAL, LOG_DELAY = 20, 10, 0.020
+N_ITERS, N_EVAL, LOG_DELAY = 20, 10, 0.030
 BACKEND = os.environ.get("LOOPS_COMPILE_BACKEND", "aot_eager")
 
 

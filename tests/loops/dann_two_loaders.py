@@ -25,7 +25,7 @@ torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(7)
 truth = Truth("dann_two_loaders")
 N_EPOCH, BATCH, LR = 2, 8, 1e-3
-SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, PRINT_DELAY = 0.0012, 0.0025, 0.020
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, PRINT_DELAY = 0.0025, 0.005, 0.020
 model_root = tempfile.mkdtemp()
 
 

@@ -23,7 +23,7 @@ torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(999)
 truth = Truth("dcgan_two_optimizers")
 NZ, IMG, NITER, BATCH = 8, 64, 2, 8
-SAMPLE_DELAY, PRINT_DELAY, SAVE_DELAY = 0.0025, 0.020, 0.020
+SAMPLE_DELAY, PRINT_DELAY, SAVE_DELAY = 0.005, 0.020, 0.020
 outf = tempfile.mkdtemp()
 
 

@@ -21,7 +21,7 @@ torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(42)
 truth = Truth("glue_accum_dataloader")
 GRAD_ACCUM, EPOCHS, LOGGING_STEPS, MAX_GRAD_NORM = 3, 2, 2, 1.0
-SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_EVAL, RESULTS_DELAY = 0.002, 0.0025, 0.040
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_EVAL, RESULTS_DELAY = 0.0035, 0.005, 0.040
 output_dir = tempfile.mkdtemp()
 
 

@@ -28,7 +28,7 @@ from _truth import EVAL, TRAIN, Truth  # noqa: E402
 transformers.logging.set_verbosity_error()
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("hf_trainer_accum")
-SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_EVAL, CALLBACK_DELAY = 0.0025, 0.0025, 0.020
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_EVAL, CALLBACK_DELAY = 0.0075, 0.005, 0.020
 backward_passes = [0]
 
 

@@ -18,7 +18,7 @@ from _truth import EVAL, TRAIN, Truth
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(0)
 truth = Truth("iterable_stream")
-EPOCHS, SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, LOG_DELAY = 2, 0.0025, 0.0016, 0.020
+EPOCHS, SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, LOG_DELAY = 2, 0.005, 0.003, 0.020
 
 
 class RecordStream(IterableDataset):

@@ -22,7 +22,7 @@ logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("lightning_auto_accum")
-SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_VAL, CALLBACK_DELAY = 0.0025, 0.002, 0.010
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_VAL, CALLBACK_DELAY = 0.005, 0.005, 0.010
 pending = [0]  # backward passes since the last update
 
 

@@ -22,7 +22,7 @@ torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(3407)
 truth = Truth("makemore_eval_in_loop")
 MAX_STEPS, EVAL_EVERY, MAX_BATCHES = 16, 6, 2
-SAMPLE_DELAY, LOG_DELAY, FLUSH_DELAY = 0.0025, 0.040, 0.120
+SAMPLE_DELAY, LOG_DELAY, FLUSH_DELAY = 0.005, 0.040, 0.120
 work_dir = tempfile.mkdtemp()
 mode = TRAIN  # who is fetching from the datasets right now (train step or evaluate())
 
@@ -93,11 +93,11 @@ def evaluate(model, dataset, batch_size=50, max_batches=None):
 train_dataset, test_dataset = CharDataset(200), CharDataset(60)
 model = Bigram()
 optimizer = torch.optim.AdamW(model.parameters(), lr=5e-2, weight_decay=0.01, betas=(0.9, 0.99), eps=1e-8)
+truth.start()  # before the InfiniteDataLoader: it starts its iterator when built
 batch_loader = InfiniteDataLoader(train_dataset, batch_size=8, pin_memory=False, num_workers=0)
 
 best_loss = None
 step = 0
-truth.start()
 while True:
     batch = batch_loader.next()
     X, Y = batch

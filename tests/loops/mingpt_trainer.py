@@ -1,7 +1,7 @@
 # Shape: karpathy/minGPT mingpt/trainer.py — Trainer.run(): a DataLoader over a RandomSampler(replacement=True), next(data_iter) with a StopIteration restart, forward, zero_grad, backward, clip, step, trigger_callbacks('on_batch_end'), max_iters.
 """One step per ``optimizer.step()``. Changes from the original, to stay small on 2
-cores: ``num_workers=0`` (the original uses 4 worker processes) and a RandomSampler of 32
-samples rather than 1e10, so that the ``StopIteration`` restart branch runs twice in 24
+cores: ``num_workers=0`` (the original uses 4 worker processes) and a RandomSampler of 28
+samples rather than 1e10, so that the ``StopIteration`` restart branch runs twice in 20
 iterations (a loader end must not make a step of its own). Planted: a slow Dataset
 ``__getitem__`` (``dataloader_next``) and a slow ``on_batch_end`` callback of the
 user's own (``untracked``: it is not a framework callback)."""
@@ -20,7 +20,7 @@ from _truth import TRAIN, Truth
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(3407)
 truth = Truth("mingpt_trainer")
-SAMPLE_DELAY, CALLBACK_DELAY = 0.005, 0.020
+SAMPLE_DELAY, CALLBACK_DELAY = 0.010, 0.020
 
 
 class CharDataset(Dataset):
@@ -79,7 +79,7 @@ class Trainer:
         self.optimizer = model.configure_optimizers(config)
         train_loader = DataLoader(
             self.train_dataset,
-            sampler=torch.utils.data.RandomSampler(self.train_dataset, replacement=True, num_samples=32),
+            sampler=torch.utils.data.RandomSampler(self.train_dataset, replacement=True, num_samples=28),
             shuffle=False,
             pin_memory=False,  # True in the original: a no-op without an accelerator
             batch_size=config["batch_size"],
@@ -88,8 +88,8 @@ class Trainer:
         model.train()
         self.iter_num = 0
         self.iter_time = time.time()
-        data_iter = iter(train_loader)
         truth.start()  # just before the loop (building AdamW above takes ~1 s of imports)
+        data_iter = iter(train_loader)
         while True:
             try:
                 batch = next(data_iter)
@@ -119,7 +119,7 @@ def batch_end_callback(trainer):
     truth.sleep(TRAIN, "untracked", CALLBACK_DELAY)  # e.g. pushing metrics to a tracker
 
 
-config = {"num_workers": 0, "max_iters": 24, "batch_size": 4, "learning_rate": 5e-4,
+config = {"num_workers": 0, "max_iters": 20, "batch_size": 4, "learning_rate": 5e-4,
           "betas": (0.9, 0.95), "grad_norm_clip": 1.0}
 trainer = Trainer(config, TinyLM(), CharDataset())
 trainer.add_callback("on_batch_end", batch_end_callback)

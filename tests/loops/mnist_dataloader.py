@@ -17,7 +17,7 @@ torch.manual_seed(1)
 truth = Truth("mnist_dataloader")
 
 EPOCHS, BATCH_SIZE, TEST_BATCH_SIZE, LOG_INTERVAL = 2, 8, 16, 2
-SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, LOG_DELAY = 0.003, 0.0015, 0.040
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, LOG_DELAY = 0.005, 0.0025, 0.040
 
 
 class Net(nn.Module):
@@ -69,7 +69,8 @@ def train(model, device, train_loader, optimizer, epoch):
         optimizer.step()
         truth.train_step(microbatches=1)
         if batch_idx % LOG_INTERVAL == 0:
-            print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_loader.dataset)}]\tLoss: {loss.item():.6f}")
+            print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_loader.dataset)}]"
+                  f"\tLoss: {loss.item():.6f}")
             truth.sleep(TRAIN, "untracked", LOG_DELAY)  # a slow console / log shipper
 
 

@@ -3,7 +3,8 @@
 runs the actor and the critic on the same observations) is one eval step, and so is the
 bootstrap ``agent.get_value``; every minibatch update is one training step with one
 micro-batch. A tiny vectorised CartPole (numpy) stands in for gym's SyncVectorEnv.
-Planted: a slow ``envs.step`` after each rollout forward (eval ``untracked``) and a
+Planted: a slow ``envs.step`` after each rollout forward (eval ``untracked``; the
+simulator's own work and the storing of its results are timed with it) and a
 slow writer flush after each update phase (train ``untracked`` of the update's last
 step). The advantage (GAE) computation after the bootstrap forward is timed as user
 code of that eval step."""
@@ -107,9 +108,11 @@ for update in range(1, NUM_UPDATES + 1):
         truth.eval_step()
         actions[step] = action
         logprobs[step] = logprob
-        next_obs, reward, done, info = envs.step(action.cpu().numpy())
-        rewards[step] = torch.tensor(reward).view(-1)
-        next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(done.astype(np.float32))
+        cpu_action = action.cpu().numpy()  # (a from_device phase, not user code)
+        with truth.timed(EVAL, "untracked"):  # the simulator and the storage of its results
+            next_obs, reward, done, info = envs.step(cpu_action)
+            rewards[step] = torch.tensor(reward).view(-1)
+            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(done.astype(np.float32))
 
     with torch.no_grad():
         next_value = agent.get_value(next_obs).reshape(1, -1)

@@ -41,7 +41,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from tests.loops._run import STEP_DETECTION_LINE, LoopRun, run_loop
+from tests.loops._run import STEP_DETECTION_LINE, LoopRun, cleanup, run_loop
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +74,7 @@ class _Runs:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import tempfile
 import torch
 import torch.nn as nn
 
-from _truth import EVAL, TRAIN, Truth
+from _truth import TRAIN, Truth
 
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(0)
