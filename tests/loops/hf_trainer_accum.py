@@ -75,8 +75,8 @@ model.register_forward_pre_hook(lambda m, a: None if torch.is_grad_enabled() els
 
 args = TrainingArguments(
     output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, per_device_eval_batch_size=8,
-    gradient_accumulation_steps=2, num_train_epochs=2, report_to="none", save_strategy="no",
-    eval_strategy="epoch", logging_steps=2, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    gradient_accumulation_steps=2, num_train_epochs=2, report_to="none", eval_strategy="epoch",
+    logging_steps=2, use_cpu=True)  # the defaults otherwise (progress bars, no worker processes)
 trainer = Trainer(model=model, args=args, train_dataset=Examples(48, SAMPLE_DELAY_TRAIN, TRAIN),
                   eval_dataset=Examples(16, SAMPLE_DELAY_EVAL, EVAL), callbacks=[SlowLogCallback(), Counting()])
 trainer.train()

@@ -83,10 +83,11 @@ class LoopClock(L.Callback):
 
 train = DataLoader(Points(48, SAMPLE_DELAY_TRAIN, TRAIN), batch_size=4, shuffle=True)
 val = DataLoader(Points(32, SAMPLE_DELAY_VAL, EVAL), batch_size=8)
-trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=2, accelerator="cpu", devices=1, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                    num_sanity_val_steps=0, default_root_dir=tempfile.mkdtemp(),
-                    callbacks=[SlowLogging(), LoopClock()])
+# Lightning's defaults otherwise: progress bar, model summary, checkpointing, logger and
+# the sanity check (its two validation batches run before on_train_start: eval steps
+# too, before the timed loop).
+trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=2, accelerator="cpu", devices=1,
+                    default_root_dir=tempfile.mkdtemp(), callbacks=[SlowLogging(), LoopClock()])
 trainer.fit(LitClassifier(), train, val)
 assert pending[0] == 0, "every backward pass went into an update"
 truth.emit()

@@ -93,8 +93,7 @@ class LoopClock(L.Callback):
 
 
 data = DataLoader(TensorDataset(torch.rand(80, 16) * 2 - 1), batch_size=8, shuffle=True)
-trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=tempfile.mkdtemp(),
-                    callbacks=[SlowLogging(), LoopClock()])
+trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, default_root_dir=tempfile.mkdtemp(),
+                    callbacks=[SlowLogging(), LoopClock()])  # Lightning's defaults otherwise
 trainer.fit(GAN(), data)
 truth.emit()
