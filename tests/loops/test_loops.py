@@ -83,7 +83,7 @@ def loop_runs(request):
     for item in request.session.items:
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("shape") if callspec else None
-        if name and name not in wanted:
+        if name in SHAPES + NEGATIVE and name not in wanted:
             wanted.append(name)
     runs = _Runs(wanted, jobs=max(1, int(os.environ.get("LOOPS_JOBS", "2"))))
     yield runs
