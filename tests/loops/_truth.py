@@ -1,0 +1,162 @@
+"""Ground truth for the loop-shape scripts in this folder.
+
+Each script counts what it really did while it runs (its optimizer updates, backward
+passes, eval batches) and measures every delay it plants with ``time.perf_counter()``
+around the sleep. At the end it prints one line ``TRUTH {json}``:
+
+    train_steps, eval_steps, microbatches, skipped_updates  counts, as the script saw them
+    loop_wall_s        from just before the first loop to just after the last
+    planted            {mode: {phase name: mean seconds per step of that mode}}
+    planted_total_s    the same as totals (seconds)
+    timed_user_code_s  the measured user code (``timed()``) among them, for reference
+
+Phase names are the ones the summary uses: ``dataloader_next`` (a slow Dataset
+``__getitem__`` / ``collate_fn``), ``untracked`` (user code: logging, env simulation,
+plotting), ``callback.<Class>.<hook>`` (Lightning / Transformers callbacks). Besides
+sleeps, ``timed()`` measures a block of the loop's own user code that lands in a step's
+``untracked`` time (a checkpoint save, a metric computation): it is part of the truth.
+
+When the test suite runs several scripts at once (``LOOPS_LOOP_LOCK``, a lock file, and
+``LOOPS_PIDS_DIR``, a folder with one file named after each running script's pid),
+``start()`` takes the lock and stops (SIGSTOP) the other scripts, and ``stop()``
+resumes them (SIGCONT) and releases it. So a script times its loop alone on the
+machine, while the others may import and set up whenever no loop is being timed: on
+2 cores, a loop sharing the CPU with another busy process picks up several percent of
+scheduling noise. (The runner also resumes everyone when a script exits.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from typing import Dict, Iterator, List, Optional
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
+TRAIN, EVAL = "train", "eval"
+
+
+class Truth:
+    def __init__(self, script: str) -> None:
+        self.script = script
+        self.train_steps = 0
+        self.eval_steps = 0
+        self.microbatches = 0
+        self.skipped_updates = 0
+        self._planted: Dict[str, Dict[str, float]] = {TRAIN: {}, EVAL: {}}  # sleeps
+        self._timed: Dict[str, Dict[str, float]] = {TRAIN: {}, EVAL: {}}  # measured user code
+        self._t0: Optional[float] = None
+        self._t1: Optional[float] = None
+        self.notes: Dict[str, object] = {}
+        self._lock_fd: Optional[int] = None
+        self._stopped: List[int] = []
+        self._slept = 0.0  # all planted sleeps so far
+
+    # -- the loop's wall time ---------------------------------------------------------
+    def start(self) -> None:
+        """Just before the first loop."""
+        if self._t0 is None:
+            self._lock()
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        """Just after the last loop."""
+        self._t1 = time.perf_counter()
+        self._unlock()
+
+    def _lock(self) -> None:
+        path, pids = os.environ.get("LOOPS_LOOP_LOCK"), os.environ.get("LOOPS_PIDS_DIR")
+        if not (path and pids) or fcntl is None:
+            return
+        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        for name in os.listdir(pids):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    os.kill(int(name), signal.SIGSTOP)
+                    self._stopped.append(int(name))
+                except OSError:
+                    pass  # it has exited
+
+    def _unlock(self) -> None:
+        for pid in self._stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        self._stopped = []
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- counts -----------------------------------------------------------------------
+    def train_step(self, microbatches: int = 1, skipped: bool = False) -> None:
+        """One optimizer update (or, with no optimizer, one backward pass) happened;
+        ``microbatches`` backward passes went into it before its first update."""
+        assert microbatches >= 1, "a train step has at least one backward pass"
+        self.train_steps += 1
+        self.microbatches += microbatches
+        self.skipped_updates += int(bool(skipped))
+
+    def eval_step(self, n: int = 1) -> None:
+        """``n`` forward batches without backward happened."""
+        self.eval_steps += n
+
+    # -- planted delays ---------------------------------------------------------------
+    def sleep(self, mode: str, phase: str, seconds: float) -> float:
+        """Sleep ``seconds`` as a planted delay that lands in ``phase`` of a ``mode``
+        step; returns (and records) the time really slept."""
+        t = time.perf_counter()
+        time.sleep(seconds)
+        dt = time.perf_counter() - t
+        self.add(mode, phase, dt)
+        self._slept += dt
+        return dt
+
+    @contextlib.contextmanager
+    def timed(self, mode: str, phase: str) -> Iterator[None]:
+        """Measure a block of the script's own code that lands in ``phase`` of a
+        ``mode`` step (it must run no forward, backward, optimizer step, loader or
+        ``.item()``/``.cpu()``); planted sleeps inside it are not counted twice."""
+        t, slept = time.perf_counter(), self._slept
+        try:
+            yield
+        finally:  # planted sleeps inside the block are counted once, as planted
+            slot = self._timed[mode]
+            slot[phase] = slot.get(phase, 0.0) + (time.perf_counter() - t) - (self._slept - slept)
+
+    def add(self, mode: str, phase: str, seconds: float) -> None:
+        slot = self._planted[mode]
+        slot[phase] = slot.get(phase, 0.0) + seconds
+
+    # -- the TRUTH line ---------------------------------------------------------------
+    def as_dict(self) -> dict:
+        assert self._t0 is not None and self._t1 is not None, "start() and stop() the loop"
+        steps = {TRAIN: self.train_steps, EVAL: self.eval_steps}
+        # Where a delay is planted, the measured user code of that phase adds to it; a
+        # phase with only timed user code (no sleep) is too small to check.
+        totals = {mode: {k: v + self._timed[mode].get(k, 0.0) for k, v in d.items()}
+                  for mode, d in self._planted.items() if d}
+        planted = {mode: {k: v / steps[mode] for k, v in d.items()} for mode, d in totals.items() if steps[mode]}
+        return {
+            "script": self.script,
+            "train_steps": self.train_steps,
+            "eval_steps": self.eval_steps,
+            "microbatches": self.microbatches,
+            "skipped_updates": self.skipped_updates,
+            "loop_wall_s": self._t1 - self._t0,
+            "planted": planted,
+            "planted_total_s": totals,
+            "timed_user_code_s": {m: d for m, d in self._timed.items() if d},
+            "notes": self.notes,
+        }
+
+    def emit(self) -> None:
+        print("TRUTH " + json.dumps(self.as_dict(), sort_keys=True), flush=True)

@@ -1,0 +1,275 @@
+"""Loop-shape acceptance suite for step detection.
+
+Every ``tests/loops/<shape>.py`` is a small, synthetic, download-free training script in
+the shape of a real public loop (named on its first line). Each one counts what it did
+and measures the delays it planted, and prints ``TRUTH {json}`` (see ``_truth.py``).
+Here each script runs in a subprocess under ``opentelemetry-instrument``, exporting
+over OTLP/gRPC to a receiver on loopback, with a run-end summary file; every test
+compares what otel-training reported with the script's own truth. Nothing expected is
+hard-coded here: all of it comes from TRUTH.
+
+The step definition checked (the spec):
+  * a training step is one optimizer update (all optimizers stepped in one iteration
+    count once; accumulated micro-batches merge into it); with no optimizer at all, one
+    backward pass; one ``optimizer.step(closure)`` is one step; a GradScaler step whose
+    update was skipped is still a step, marked skipped;
+  * an eval step is one forward batch with no backward; a no_grad / eval-mode forward
+    after the update of a training iteration is its own eval step; RL rollout forwards
+    under no_grad are eval steps, a REINFORCE episode is one training step;
+  * loader ends and prefetching never make a step of their own;
+  * micro-batches of a training step = backward passes before its first update (those
+    inside one closure count as one).
+
+How planted delays are attributed (an interpretation where the spec is silent): the
+time between two steps belongs to the step before it (its tail: logging, callbacks,
+checkpointing after the update), except a DataLoader fetch, which belongs to the step
+it feeds. So a log line after ``optimizer.step()`` is that train step's ``untracked``,
+and the plot after a no_grad prediction is that eval step's ``untracked``.
+
+Runs: all selected scripts run once per session, ``LOOPS_JOBS`` (default 2) at a time,
+in the background; each test waits for its own script. Scripts named ``neg_*`` are
+negative cases: step detection is in doubt there, and the self-check must say so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from tests.loops._run import STEP_DETECTION_LINE, LoopRun, cleanup, run_loop
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+SHAPES = sorted(p.stem for p in HERE.glob("*.py") if not p.name.startswith(("_", "test_", "neg_")))
+NEGATIVE = sorted(p.stem for p in HERE.glob("neg_*.py"))
+MODES = ("train", "eval")
+DELAY_TOLERANCE = 0.10  # planted delays recovered within 10%
+COVERAGE_MIN = 0.95  # steps cover at least 95% of the loop's own wall time
+MISSING = object()
+
+
+# -- running the scripts (once per session, a small pool) ------------------------------
+class _Runs:
+    def __init__(self, names: List[str], jobs: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="loops")
+        self._futures: Dict[str, Future] = {}
+        self._lock = threading.Lock()
+        for name in names:  # queue what this session will ask for, in test order
+            self._submit(name)
+
+    def _submit(self, name: str) -> Future:
+        with self._lock:
+            if name not in self._futures:
+                self._futures[name] = self._pool.submit(run_loop, name)
+            return self._futures[name]
+
+    def get(self, name: str) -> LoopRun:
+        return self._submit(name).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        cleanup()
+
+
+@pytest.fixture(scope="session")
+def loop_runs(request):
+    wanted: List[str] = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params.get("shape") if callspec else None
+        if name in SHAPES + NEGATIVE and name not in wanted:
+            wanted.append(name)
+    runs = _Runs(wanted, jobs=max(1, int(os.environ.get("LOOPS_JOBS", "2"))))
+    yield runs
+    runs.close()
+
+
+@pytest.fixture
+def loop(loop_runs, shape) -> LoopRun:
+    r = loop_runs.get(shape)
+    assert r.error is None, f"{shape}: the runner failed: {r.error}"
+    return r
+
+
+# -- reading the results with clear messages --------------------------------------------
+def _get(doc, path: str, what: str = "summary"):
+    """``doc`` at dotted ``path``; a clear assertion (not a KeyError) when missing."""
+    cur = doc
+    for i, key in enumerate(path.split(".")):
+        if not isinstance(cur, dict) or key not in cur:
+            have = sorted(cur) if isinstance(cur, dict) else type(cur).__name__
+            done = ".".join(path.split(".")[:i]) or "<top>"
+            raise AssertionError(f"{what} has no {path!r} ({done} has: {have})")
+        cur = cur[key]
+    return cur
+
+
+def _summary(r: LoopRun) -> dict:
+    assert r.summary is not None, (f"{r.name}: no summary file ({r.summary_error}); rc={r.returncode}\n"
+                                   f"stderr tail:\n{r.stderr_tail()}")
+    return r.summary
+
+
+def _truth(r: LoopRun) -> dict:
+    assert r.truth is not None, f"{r.name}: no TRUTH line on stdout; rc={r.returncode}\nstderr tail:\n{r.stderr_tail()}"
+    return r.truth
+
+
+def _mode(summary: dict, mode: str) -> Optional[dict]:
+    """The summary of ``mode``, or None when the mode is absent (it had no step)."""
+    return _get(summary, "modes").get(mode)
+
+
+def _steps(summary: dict, mode: str) -> int:
+    m = _mode(summary, mode)
+    return 0 if m is None else int(_get(m, "steps", f"summary modes.{mode}"))
+
+
+def _roots_by_mode(r: LoopRun) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for a in r.roots:
+        key = str(a.get("training.mode"))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _phase_total(mode_summary: dict, name: str, mode: str) -> float:
+    """Seconds in every phase called ``name`` of one mode, whatever its parent (a
+    ``dataloader_next`` may sit inside ``train_batch`` when a loader is read mid-step)."""
+    phases = _get(mode_summary, "phases", f"summary modes.{mode}")
+    return sum(p["total_s"] for p in phases if p["name"] == name)
+
+
+# -- positive shapes ------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES)
+def test_runs_clean(loop):
+    assert loop.returncode == 0, f"{loop.name}: exit status {loop.returncode}\nstderr tail:\n{loop.stderr_tail()}"
+    assert "Traceback" not in loop.stderr, f"{loop.name}: a traceback on stderr:\n{loop.stderr_tail()}"
+    _truth(loop)
+    _summary(loop)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_step_counts(loop):
+    truth, summary = _truth(loop), _summary(loop)
+    got = {m: _steps(summary, m) for m in MODES}
+    want = {"train": truth["train_steps"], "eval": truth["eval_steps"]}
+    assert got == want, f"{loop.name}: summary steps {got}, the script did {want}"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_step_spans(loop):
+    """One root ``step`` span per step (every step traced), with the right mode."""
+    truth, summary = _truth(loop), _summary(loop)
+    got = _roots_by_mode(loop)
+    want = {m: n for m, n in (("train", truth["train_steps"]), ("eval", truth["eval_steps"])) if n}
+    dropped = (summary.get("telemetry") or {}).get("spans_dropped")
+    assert got == want, f"{loop.name}: root step spans by training.mode {got}, the script did {want} " \
+                        f"(telemetry.spans_dropped={dropped})"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_microbatches(loop):
+    truth, summary = _truth(loop), _summary(loop)
+    if not truth["train_steps"]:
+        pytest.skip("no training step")
+    got = _get(summary, "modes.train.microbatches")
+    assert got == truth["microbatches"], (
+        f"{loop.name}: modes.train.microbatches={got}, the script did {truth['microbatches']} backward passes "
+        f"in {truth['train_steps']} steps")
+    train_roots = [a for a in loop.roots if a.get("training.mode") == "train"]
+    missing = [a.get("training.step") for a in train_roots if a.get("training.step.microbatches") is None]
+    assert not missing, f"{loop.name}: train step spans without training.step.microbatches: steps {missing[:10]}"
+    on_spans = sum(int(a["training.step.microbatches"]) for a in train_roots)
+    assert on_spans == truth["microbatches"], (
+        f"{loop.name}: training.step.microbatches on train step spans sums to {on_spans}, "
+        f"want {truth['microbatches']}")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_skipped_updates(loop):
+    truth, summary = _truth(loop), _summary(loop)
+    if not truth["train_steps"]:
+        pytest.skip("no training step")
+    got = _get(summary, "modes.train.skipped_updates")
+    assert got == truth["skipped_updates"], f"{loop.name}: skipped_updates={got}, want {truth['skipped_updates']}"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_planted_delays(loop):
+    """Each planted delay comes back as its phase's mean per step of its mode."""
+    truth, summary = _truth(loop), _summary(loop)
+    planted = truth["planted"]
+    assert planted, f"{loop.name}: plants no delay"
+    problems = []
+    for mode, delays in sorted(planted.items()):
+        m = _mode(summary, mode)
+        if m is None:
+            problems.append(f"{mode}: no such mode in the summary (planted {sorted(delays)})")
+            continue
+        steps = _steps(summary, mode)
+        for name, want in sorted(delays.items()):
+            total = _phase_total(m, name, mode)
+            got = total / steps if steps else 0.0
+            if abs(got - want) > DELAY_TOLERANCE * want:
+                planted_total = truth["planted_total_s"][mode][name]
+                problems.append(
+                    f"{mode} {name}: {got * 1e3:.2f} ms/step measured, {want * 1e3:.2f} ms/step planted "
+                    f"({(got / want - 1) * 100:+.0f}%; totals {total:.3f} s vs {planted_total:.3f} s over "
+                    f"{steps} vs {truth[mode + '_steps']} steps)")
+    assert not problems, f"{loop.name}: planted delays not recovered within {DELAY_TOLERANCE:.0%}:\n  " + \
+        "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_coverage(loop):
+    """Steps cover the loop: the summed step time of every mode is at least 95% of the
+    loop's wall time as the script measured it; the summary reports its coverage."""
+    truth, summary = _truth(loop), _summary(loop)
+    modes = _get(summary, "modes")
+    in_steps = sum(float(_get(m, "step_time_s", f"summary modes.{name}")) for name, m in modes.items())
+    loop_s = truth["loop_wall_s"]
+    coverage = summary.get("coverage", MISSING)
+    assert in_steps >= COVERAGE_MIN * loop_s, (
+        f"{loop.name}: steps cover {in_steps:.3f} s of the script's {loop_s:.3f} s loop "
+        f"({in_steps / loop_s:.1%} < {COVERAGE_MIN:.0%}); summary coverage: "
+        f"{'absent' if coverage is MISSING else coverage}")
+    cov = _get(summary, "coverage")
+    for key in ("loop_s", "in_steps_s", "share", "outside_s", "gaps", "largest_gap_s"):
+        _get(cov, key, "summary coverage")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_self_check_silent(loop):
+    summary = _summary(loop)
+    findings = _get(summary, "self_check")
+    assert findings == [], f"{loop.name}: the step-detection self-check fired: {findings}"
+    lines = loop.step_detection_lines()
+    assert not lines, f"{loop.name}: stderr says: {lines}"
+
+
+# -- negative shapes: the self-check must fire -----------------------------------------
+@pytest.mark.parametrize("shape", NEGATIVE)
+def test_negative_self_check_fires(loop):
+    assert loop.returncode == 0, f"{loop.name}: exit status {loop.returncode}\nstderr tail:\n{loop.stderr_tail()}"
+    assert "Traceback" not in loop.stderr, f"{loop.name}: a traceback on stderr:\n{loop.stderr_tail()}"
+    summary = _summary(loop)
+    findings = _get(summary, "self_check")
+    assert isinstance(findings, list) and findings, (
+        f"{loop.name}: step detection is in doubt here but self_check is {findings!r} "
+        f"(train steps: {_steps(summary, 'train')}, the script did {_truth(loop)['train_steps']} backward passes)")
+    assert loop.step_detection_lines(), (
+        f"{loop.name}: no {STEP_DETECTION_LINE!r} line on stderr; stderr tail:\n{loop.stderr_tail()}")
+
+
+def test_every_shape_names_its_public_loop():
+    """Each script says on its first line which public loop it follows."""
+    for name in SHAPES + NEGATIVE:
+        first = (HERE / f"{name}.py").read_text().splitlines()[0]
+        assert first.startswith("# Shape: "), f"{name}.py: first line is {first!r}"
