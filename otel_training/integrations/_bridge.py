@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from otel_training import semconv as sc
+from otel_training.tracker import DRIVER_DATALOADER, DRIVER_NONE
 
 CALLBACK_PREFIX = "callback."
 
@@ -57,6 +58,35 @@ class Bridge:
         t = self.tracker()
         if t is not None and t.step is None:
             t.claim_driver(self.driver)
+
+    def release(self) -> None:
+        """Hand step boundaries back to the DataLoader and the forwards (no step is
+        open): the framework's evaluation loop is cut like a plain one."""
+        t = self.tracker()
+        if t is not None and t.step is None:
+            try:
+                t.claim_driver(DRIVER_NONE)
+            except Exception as exc:
+                self.error(exc)
+
+    def open_released_step(self) -> None:
+        """Begin a step in a released loop if none is open (a batch whose fetch came
+        before: a loader that fetched it ahead)."""
+        t = self.tracker()
+        if t is not None and t.step is None and t.driver in (DRIVER_NONE, DRIVER_DATALOADER):
+            try:
+                t.start_step(DRIVER_NONE)
+            except Exception as exc:
+                self.error(exc)
+
+    def end_released_step(self) -> None:
+        """End the step a released loop left open (its last batch)."""
+        t = self.tracker()
+        if t is not None and t.step is not None and t.driver in (DRIVER_NONE, DRIVER_DATALOADER):
+            try:
+                t.finish_step()
+            except Exception as exc:
+                self.error(exc)
 
     def finish_step(self, error: Optional[BaseException] = None) -> None:
         t = self.tracker()

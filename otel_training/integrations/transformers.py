@@ -9,9 +9,10 @@ DataLoader ``__next__`` calls do not line up with optimizer steps. Here:
   asks for the next micro-batches (or at ``on_step_begin`` on Trainers without it)
   and lasts until the next one, so ``on_step_end`` callbacks, logging and
   ``on_log``/``on_save`` are in it; ``on_epoch_end``/``on_train_end`` end it;
-- evaluation/prediction: ``evaluation_loop`` ends the training step; the first
-  ``prediction_step`` starts an eval step, and each ``on_prediction_step`` ends one
-  and starts the next (so it holds the following batch's fetch);
+- evaluation/prediction: ``evaluation_loop`` ends the training step and hands step
+  boundaries back to the DataLoader and the model's forwards for its duration: one
+  eval step per batch, accelerate's fetch-ahead joining the step that uses the batch
+  (docs/steps.md); the last eval step ends with the loop;
 - accelerate's ``send_to_device`` and ``Trainer._prepare_inputs`` are ``to_device``;
 - every overridden ``TrainerCallback`` hook is a phase ``callback.<Class>.<event>``.
 """
@@ -55,7 +56,6 @@ class Integration:
         self.patcher.wrap(CallbackHandler, "call_event", self._call_event)
         self.has_batch_samples = self.patcher.wrap(trainer, "get_batch_samples", self._get_batch_samples)
         self.patcher.wrap(trainer, "evaluation_loop", self._evaluation_loop)
-        self.patcher.wrap(trainer, "prediction_step", self._prediction_step)
         if hasattr(trainer, "prediction_loop"):  # legacy loop (use_legacy_prediction_loop)
             self.patcher.wrap(trainer, "prediction_loop", self._evaluation_loop)
         self.patcher.wrap(trainer, "_prepare_inputs", self._to_device)
@@ -94,23 +94,18 @@ class Integration:
     def _evaluation_loop(self, wrapped, instance, args, kwargs):
         if self._ours():
             self.bridge.discard_empty_step()  # the training step ends here
-        self.bridge.claim()  # the look-ahead fetches must not start DataLoader-driven steps
+        self.bridge.release()  # eval steps: cut by the loader and the forwards
         self._evaluating += 1
         try:
             return wrapped(*args, **kwargs)
         finally:
             self._evaluating -= 1
-            if self._ours():
-                self.bridge.discard_empty_step(require_forward=True)  # after the last batch
-
-    def _prediction_step(self, wrapped, instance, args, kwargs):
-        t = self.bridge.tracker()
-        if self._evaluating and t is not None and (t.step is None or not self._ours()):
-            self.bridge.start_step()  # the first eval batch
-        return wrapped(*args, **kwargs)
+            self.bridge.end_released_step()  # the last eval step ends with the loop
 
     def _to_device(self, wrapped, instance, args, kwargs):
-        if not self._ours():
+        if self._evaluating:
+            self.bridge.open_released_step()  # the batch was fetched ahead
+        elif not self._ours():
             return wrapped(*args, **kwargs)
         opened = self.bridge.begin(sc.PHASE_TO_DEVICE, auto=True)
         try:
@@ -131,10 +126,7 @@ class Integration:
                 self._wrap_hook(type(cb), event)
         except Exception as exc:
             self.bridge.error(exc)
-        result = wrapped(*args, **kwargs)
-        if event == "on_prediction_step" and self._evaluating and self._ours():
-            self.bridge.start_step()  # this eval step ends; the next one begins
-        return result
+        return wrapped(*args, **kwargs)
 
     def _wrap_hook(self, cls: type, event: str) -> None:
         owner = next((k for k in cls.__mro__ if event in vars(k)), None)
