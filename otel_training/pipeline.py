@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from opentelemetry import trace
 
@@ -64,8 +64,7 @@ class _PhaseSlot:
 
 class Pipeline:
     def __init__(self, *, tracer, metrics: StepMetrics, capture: TailCapture, summary: RunSummary,
-                 timer: Any, telemetry: Any, span_attributes: dict,
-                 on_step_done: Optional[Callable[[Any], None]] = None) -> None:
+                 timer: Any, telemetry: Any, span_attributes: dict) -> None:
         self._tracer = tracer
         self._metrics = metrics
         self._capture = capture
@@ -81,7 +80,6 @@ class Pipeline:
         self._thread: Optional[threading.Thread] = None
         # perf_counter ns -> epoch ns, fixed once so spans stay consistent.
         self.offset = time.time_ns() - time.perf_counter_ns()
-        self.on_step_done = on_step_done
         self._slots: Dict[str, Dict[Tuple[str, str], _PhaseSlot]] = {}
         self._seq = 0
         self.coverage = Coverage()  # (steps arrive in time order)
@@ -200,8 +198,6 @@ class Pipeline:
                 self._telemetry.internal_error("pipeline", exc)
                 queued = False
             if queued:
-                if self.on_step_done is not None:
-                    self.on_step_done(step)
                 return
         summary = self.summary
         slots = self._slots.get(mode)
@@ -258,8 +254,6 @@ class Pipeline:
             self._metrics.record_phases(mode, step_ns / 1e9, [(slot.handle, slot.ns / 1e9) for slot in touched],
                                         idle_s, step.batch_size, context, self.offset + times[-1],
                                         micro, step.skipped)
-        if self.on_step_done is not None:
-            self.on_step_done(step)
 
     def _add_steps(self, mode: str, first_start: int, last_end: int, step_ns: List[int], samples: int,
                    microbatches: int) -> None:
@@ -306,8 +300,6 @@ class Pipeline:
             attrs[sc.ATTR_MICROBATCHES] = microbatches
         if step.skipped:
             attrs[sc.ATTR_UPDATE_SKIPPED] = True
-        if step.extra:
-            attrs.update(step.extra)
         root = emit_step_spans(self._tracer, step, batch_name, times, host, device, self.offset,
                                attrs, idle_by_rec)
         self._telemetry.spans_created += 1 + sum(1 for r in step.phases if r.end >= 0)

@@ -226,6 +226,4 @@ def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
         acc.batch_size = (acc.batch_size or 0) + piece.batch_size
     if acc.error is None:
         acc.error = piece.error
-    if piece.extra:
-        acc.extra = {**(acc.extra or {}), **piece.extra}
     return acc

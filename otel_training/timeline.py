@@ -37,7 +37,7 @@ class StepTimeline:
     __slots__ = (
         "index", "epoch", "batch_size", "marks", "tokens", "phases",
         "saw_backward", "saw_optimizer", "saw_forward", "train_forward",
-        "error", "source", "extra",
+        "error", "source",
         "backwards", "closure_backward", "updates", "skipped", "optimizers",
         "microbatches", "hard",
     )
@@ -55,7 +55,6 @@ class StepTimeline:
         self.train_forward = False  # a forward with gradients on and its root in train mode
         self.error: Optional[BaseException] = None
         self.source = source  # id() of the DataLoader iterator that started it, or None
-        self.extra: Optional[dict] = None  # user/integration attributes
         self.backwards = 0  # backward passes outside optimizer steps, before the first one
         self.closure_backward = False  # an optimizer step's closure ran a backward
         self.updates = 0  # optimizer steps that ran (torch's step hooks)

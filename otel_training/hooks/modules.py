@@ -114,10 +114,6 @@ class RootModuleHooks:
         if not self._suspended and self._want_armed:
             self.arm()
 
-    @property
-    def armed(self) -> bool:
-        return self._discovery is not None
-
     def _add_root(self, module) -> None:
         state = module.__dict__  # not setattr: OptimizedModule forwards it to the inner module
         prev = state.get(_CALL)  # another tool's instance call: ours runs around it
