@@ -187,8 +187,15 @@ def compare(r: LoopRun) -> List[str]:
              f"{modes.get('train', {}).get('microbatches', '-')}/{t['microbatches']}; skipped "
              f"{modes.get('train', {}).get('skipped_updates', '-')}/{t['skipped_updates']}"]
     in_steps = sum(m.get("step_time_s", 0.0) for m in modes.values())
-    lines.append(f"    coverage {in_steps / t['loop_wall_s']:.1%} of the {t['loop_wall_s']:.2f} s loop; "
-                 f"summary coverage={s.get('coverage', '-')}; self_check={s.get('self_check', '-')}")
+    outside = t.get("planted_outside_s", 0.0) + t.get("outside_after_last_step_s", 0.0)
+    loop_s = t["loop_wall_s"] - outside
+    lines.append(f"    coverage {in_steps / loop_s:.1%} of the {loop_s:.2f} s loop"
+                 + (f" ({t['loop_wall_s']:.2f} s less {outside:.3f} s between steps)" if outside else "")
+                 + f"; summary coverage={s.get('coverage', '-')}; self_check={s.get('self_check', '-')}")
+    if t.get("planted_outside_s"):
+        got, want = s.get("coverage", {}).get("outside_s", 0.0), t["planted_outside_s"]
+        lines.append(f"    between steps: {got * 1e3:.2f} ms, planted {want * 1e3:.2f} ({(got / want - 1) * 100:+.1f}%; "
+                     f"{t.get('outside_loop_ends', 0)} loop ends)")
     for mode, delays in sorted(t["planted"].items()):
         m = modes.get(mode)
         for name, want in sorted(delays.items()):

@@ -9,12 +9,26 @@ around the sleep. At the end it prints one line ``TRUTH {json}``:
     planted            {mode: {phase name: mean seconds per step of that mode}}
     planted_total_s    the same as totals (seconds)
     timed_user_code_s  the measured user code (``timed()``) among them, for reference
+    planted_outside_s  time planted or measured between two steps (``OUTSIDE``, below)
+    outside_after_last_step_s  the same after the last step (still in loop_wall_s)
+    outside_loop_ends  DataLoader loops that ended between two steps (``loop_end()``)
+    before_first_step_s  timed user code before the first step (``BEFORE``), for reference
 
 Phase names are the ones the summary uses: ``dataloader_next`` (a slow Dataset
 ``__getitem__`` / ``collate_fn``), ``untracked`` (user code: logging, env simulation,
 plotting), ``callback.<Class>.<hook>`` (Lightning / Transformers callbacks). Besides
 sleeps, ``timed()`` measures a block of the loop's own user code that lands in a step's
 ``untracked`` time (a checkpoint save, a metric computation): it is part of the truth.
+
+Time that lies *between* steps (docs/steps.md: after a DataLoader loop ends, the
+``StopIteration`` and whatever runs after the ``for`` loop until the next step begins)
+is planted with ``sleep_outside()`` (or ``sleep(OUTSIDE, ...)``) and measured with
+``timed(OUTSIDE, ...)``; ``loop_end()`` marks the end of such a loop. It is kept apart:
+it belongs to no mode and no phase. Outside time followed by a step counted later lies
+between two steps (the summary's ``coverage.outside_s``); outside time after the last
+counted step lies after the loop the summary measures, but within ``loop_wall_s``.
+A block that runs both before the first step and in later steps' tails (the top of a
+loop body) is timed as ``BEFORE`` on its first run: that time is in no step.
 
 When the test suite runs several scripts at once (``LOOPS_LOOP_LOCK``, a lock file, and
 ``LOOPS_PIDS_DIR``, a folder with one file named after each running script's pid),
@@ -27,12 +41,11 @@ scheduling noise. (The runner also resumes everyone when a script exits.)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import time
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, List, Optional
 
 try:
     import fcntl
@@ -40,6 +53,8 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None
 
 TRAIN, EVAL = "train", "eval"
+OUTSIDE = "outside"  # between steps: no mode, no phase
+BEFORE = "before"  # user code before the first step: in no step (kept for reference only)
 
 
 class Truth:
@@ -57,6 +72,11 @@ class Truth:
         self._lock_fd: Optional[int] = None
         self._stopped: List[int] = []
         self._slept = 0.0  # all planted sleeps so far
+        self._outside = 0.0  # outside time (planted + measured) with a step counted after it
+        self._outside_pending = 0.0  # outside time with no step counted after it (yet)
+        self._loop_ends = 0  # DataLoader loop ends with a step counted after them
+        self._loop_ends_pending = 0
+        self._before = 0.0  # timed user code before the first step
 
     # -- the loop's wall time ---------------------------------------------------------
     def start(self) -> None:
@@ -101,13 +121,28 @@ class Truth:
         """One optimizer update (or, with no optimizer, one backward pass) happened;
         ``microbatches`` backward passes went into it before its first update."""
         assert microbatches >= 1, "a train step has at least one backward pass"
+        self._step_counted()
         self.train_steps += 1
         self.microbatches += microbatches
         self.skipped_updates += int(bool(skipped))
 
     def eval_step(self, n: int = 1) -> None:
         """``n`` forward batches without backward happened."""
+        if n:
+            self._step_counted()
         self.eval_steps += n
+
+    def _step_counted(self) -> None:
+        """A step was counted: outside time so far lies before it, between two steps.
+        (Call ``sleep_outside()`` only once the step before it has been counted.)"""
+        self._outside += self._outside_pending
+        self._loop_ends += self._loop_ends_pending
+        self._outside_pending, self._loop_ends_pending = 0.0, 0
+
+    def loop_end(self) -> None:
+        """A DataLoader ``for`` loop just ended (its ``StopIteration``): until the next
+        step begins, time lies between steps."""
+        self._loop_ends_pending += 1
 
     # -- planted delays ---------------------------------------------------------------
     def sleep(self, mode: str, phase: str, seconds: float) -> float:
@@ -120,19 +155,36 @@ class Truth:
         self._slept += dt
         return dt
 
-    @contextlib.contextmanager
-    def timed(self, mode: str, phase: str) -> Iterator[None]:
+    def sleep_outside(self, seconds: float) -> float:
+        """Sleep ``seconds`` between two steps (after a DataLoader loop ended, before
+        the next step begins); returns (and records) the time really slept."""
+        return self.sleep(OUTSIDE, "outside", seconds)
+
+    def timed(self, mode: str, phase: str) -> _Timed:
         """Measure a block of the script's own code that lands in ``phase`` of a
         ``mode`` step (it must run no forward, backward, optimizer step, loader or
-        ``.item()``/``.cpu()``); planted sleeps inside it are not counted twice."""
-        t, slept = time.perf_counter(), self._slept
-        try:
-            yield
-        finally:  # planted sleeps inside the block are counted once, as planted
+        ``.item()``/``.cpu()``); planted sleeps inside it are not counted twice.
+        (A small class rather than ``contextlib.contextmanager``: a few microseconds
+        less of the timer's own time outside what it measures, in blocks run hundreds
+        of times per step.)"""
+        return _Timed(self, mode, phase)
+
+    def _add_timed(self, mode: str, phase: str, seconds: float) -> None:
+        if mode == BEFORE:
+            self._before += seconds
+        elif mode == OUTSIDE:
+            self._outside_pending += seconds
+        else:
             slot = self._timed[mode]
-            slot[phase] = slot.get(phase, 0.0) + (time.perf_counter() - t) - (self._slept - slept)
+            slot[phase] = slot.get(phase, 0.0) + seconds
 
     def add(self, mode: str, phase: str, seconds: float) -> None:
+        if mode == OUTSIDE:
+            self._outside_pending += seconds
+            return
+        if mode == BEFORE:
+            self._before += seconds
+            return
         slot = self._planted[mode]
         slot[phase] = slot.get(phase, 0.0) + seconds
 
@@ -155,8 +207,31 @@ class Truth:
             "planted": planted,
             "planted_total_s": totals,
             "timed_user_code_s": {m: d for m, d in self._timed.items() if d},
+            "planted_outside_s": self._outside,
+            "outside_after_last_step_s": self._outside_pending,
+            "outside_loop_ends": self._loop_ends,
+            "before_first_step_s": self._before,
             "notes": self.notes,
         }
 
     def emit(self) -> None:
         print("TRUTH " + json.dumps(self.as_dict(), sort_keys=True), flush=True)
+
+
+class _Timed:
+    """``Truth.timed()``: the block's time, less the planted sleeps inside it (they are
+    counted once, as planted)."""
+
+    __slots__ = ("mode", "phase", "slept", "t", "truth")
+
+    def __init__(self, truth: Truth, mode: str, phase: str) -> None:
+        self.truth, self.mode, self.phase = truth, mode, phase
+
+    def __enter__(self) -> None:
+        self.slept = self.truth._slept
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc) -> bool:
+        t1 = time.perf_counter()
+        self.truth._add_timed(self.mode, self.phase, (t1 - self.t) - (self.truth._slept - self.slept))
+        return False

@@ -6,13 +6,16 @@ tutorial compiles with the default inductor backend; here the backend is
 works on this machine (a C compiler is present) but costs ~11 s of compilation on 2
 cores for a first step. ``LOOPS_COMPILE_BACKEND=inductor`` selects it. An MLP stands in
 for densenet121. Planted: a slow log line after each train iteration (train
-``untracked``) and after each eval iteration (eval ``untracked``)."""
+``untracked``) and after each eval iteration (eval ``untracked``). The loop's other user
+code is timed with them: ``generate_data`` and ``zero_grad`` before a forward (the tail
+of the step before; for the first iteration, before any step), the log lines and the
+``argmax`` (the ``.item()`` and ``.tolist()`` are ``from_device``)."""
 
 import os
 
 import torch
 
-from _truth import EVAL, TRAIN, Truth
+from _truth import BEFORE, EVAL, TRAIN, Truth
 
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(0)
@@ -35,7 +38,8 @@ model_opt = torch.compile(model, backend=BACKEND)
 
 
 def train(mod, data):
-    opt.zero_grad(True)
+    with truth.timed(TRAIN if truth.train_steps else BEFORE, "untracked"):  # the tail of the step before
+        opt.zero_grad(True)
     pred = mod(data[0])
     loss = torch.nn.CrossEntropyLoss()(pred, data[1])
     loss.backward()
@@ -45,18 +49,26 @@ def train(mod, data):
 
 truth.start()
 for i in range(N_ITERS):
-    inp = generate_data(16)
+    with truth.timed(TRAIN if i else BEFORE, "untracked"):  # the tail of the step before
+        inp = generate_data(16)
     loss = train(model_opt, inp)
     truth.train_step(microbatches=1)
-    print(f"compile train iteration {i}: loss {loss.item():.4f}")
-    truth.sleep(TRAIN, "untracked", LOG_DELAY)
+    loss_value = loss.item()
+    with truth.timed(TRAIN, "untracked"):
+        print(f"compile train iteration {i}: loss {loss_value:.4f}")
+        truth.sleep(TRAIN, "untracked", LOG_DELAY)
 for i in range(N_EVAL):
-    inp = generate_data(16)[0]
+    with truth.timed(EVAL if i else TRAIN, "untracked"):  # the tail of the step before
+        inp = generate_data(16)[0]
     with torch.no_grad():
         out = model_opt(inp)
     truth.eval_step()
-    print(f"compile eval iteration {i}: {out.argmax(-1)[:4].tolist()}")
-    truth.sleep(EVAL, "untracked", LOG_DELAY)
+    with truth.timed(EVAL, "untracked"):
+        top = out.argmax(-1)[:4]
+    top = top.tolist()
+    with truth.timed(EVAL, "untracked"):
+        print(f"compile eval iteration {i}: {top}")
+        truth.sleep(EVAL, "untracked", LOG_DELAY)
 truth.stop()
 truth.notes["backend"] = BACKEND
 truth.emit()

@@ -3,14 +3,17 @@
 ``optimizer.step(closure)``: that is one training step with one micro-batch. The no_grad
 prediction after it is one eval step. Synthetic sine waves stand in for traindata.pt,
 and the LSTM cells are narrower (8, not 51). Planted: a slow plot after each prediction
-(eval ``untracked``: ``plt.savefig`` of a PDF)."""
+(eval ``untracked``: ``plt.savefig`` of a PDF). The eval step's other user code (its
+log line, the ``detach`` for plotting, the next iteration's ``print`` and closure
+definition before ``optimizer.step(closure)`` begins the next step) is timed with it;
+the ``.item()`` and ``.numpy()`` are ``from_device``."""
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
 
-from _truth import EVAL, Truth
+from _truth import BEFORE, EVAL, Truth
 
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("lbfgs_closure")
@@ -60,23 +63,27 @@ criterion = nn.MSELoss()
 optimizer = optim.LBFGS(seq.parameters(), lr=0.8)
 truth.start()
 for i in range(STEPS):
-    print("STEP: ", i)
+    with truth.timed(EVAL if i else BEFORE, "untracked"):  # the tail of the last eval step
+        print("STEP: ", i)
 
-    def closure():
-        optimizer.zero_grad()
-        out = seq(input)
-        loss = criterion(out, target)
-        print("loss:", loss.item())
-        loss.backward()
-        return loss
+        def closure():
+            optimizer.zero_grad()
+            out = seq(input)
+            loss = criterion(out, target)
+            print("loss:", loss.item())
+            loss.backward()
+            return loss
 
     optimizer.step(closure)
     truth.train_step(microbatches=1)  # however many times LBFGS called the closure
     with torch.no_grad():
         pred = seq(test_input, future=FUTURE)
         loss = criterion(pred[:, :-FUTURE], test_target)
-        print("test loss:", loss.item())
-        y = pred.detach().numpy()
+        test_loss = loss.item()
+        with truth.timed(EVAL, "untracked"):
+            print("test loss:", test_loss)
+            y = pred.detach()
+        y = y.numpy()
     truth.eval_step()
     truth.sleep(EVAL, "untracked", PLOT_DELAY)  # plt.figure ... plt.savefig('predict%d.pdf' % i)
 truth.stop()

@@ -7,7 +7,14 @@ Planted: a slow ``envs.step`` after each rollout forward (eval ``untracked``; th
 simulator's own work and the storing of its results are timed with it) and a
 slow writer flush after each update phase (train ``untracked`` of the update's last
 step). The advantage (GAE) computation after the bootstrap forward is timed as user
-code of that eval step."""
+code of that eval step. The rest of the user code that lands in ``untracked`` is timed
+too: in a train step, the ratio and KL terms after the critic forward, the losses and
+``zero_grad`` after the ``.item()`` (``Categorical`` between the actor and the critic,
+and ``clip_grad_norm_`` between backward and update, lie inside ``train_batch``), and
+its tail up to the next forward (the minibatch indices and ``explained_variance``,
+the lr annealing and the first rollout stores of the next update); in an eval step,
+storing the forward's results. The tail before a minibatch's forward belongs to the
+step before it: the bootstrap eval step for the update's first minibatch."""
 
 import random
 
@@ -17,7 +24,7 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
-from _truth import EVAL, TRAIN, Truth
+from _truth import BEFORE, EVAL, TRAIN, Truth
 
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("ppo_rollout")
@@ -95,19 +102,23 @@ next_obs = torch.Tensor(envs.reset())
 next_done = torch.zeros(NUM_ENVS)
 truth.start()
 for update in range(1, NUM_UPDATES + 1):
-    frac = 1.0 - (update - 1.0) / NUM_UPDATES
-    optimizer.param_groups[0]["lr"] = frac * LR
+    with truth.timed(TRAIN if update > 1 else BEFORE, "untracked"):  # the last update's last train step
+        frac = 1.0 - (update - 1.0) / NUM_UPDATES
+        optimizer.param_groups[0]["lr"] = frac * LR
 
     for step in range(0, NUM_STEPS):
-        global_step += NUM_ENVS
-        obs[step] = next_obs
-        dones[step] = next_done
+        with truth.timed(EVAL if step else TRAIN if update > 1 else BEFORE, "untracked"):  # the step before
+            global_step += NUM_ENVS
+            obs[step] = next_obs
+            dones[step] = next_done
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
-            values[step] = value.flatten()
+            with truth.timed(EVAL, "untracked"):
+                values[step] = value.flatten()
         truth.eval_step()
-        actions[step] = action
-        logprobs[step] = logprob
+        with truth.timed(EVAL, "untracked"):
+            actions[step] = action
+            logprobs[step] = logprob
         cpu_action = action.cpu().numpy()  # (a from_device phase, not user code)
         with truth.timed(EVAL, "untracked"):  # the simulator and the storage of its results
             next_obs, reward, done, info = envs.step(cpu_action)
@@ -141,33 +152,40 @@ for update in range(1, NUM_UPDATES + 1):
         b_inds = np.arange(BATCH_SIZE)
         clipfracs = []
     for epoch in range(UPDATE_EPOCHS):
-        np.random.shuffle(b_inds)
+        with truth.timed(TRAIN if epoch else EVAL, "untracked"):  # the tail of the step before
+            np.random.shuffle(b_inds)
         for start in range(0, BATCH_SIZE, MINIBATCH_SIZE):
-            mb_inds = b_inds[start:start + MINIBATCH_SIZE]
-            _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
-            logratio = newlogprob - b_logprobs[mb_inds]
-            ratio = logratio.exp()
-            with torch.no_grad():
-                old_approx_kl = (-logratio).mean()
-                approx_kl = ((ratio - 1) - logratio).mean()
-                clipfracs += [((ratio - 1.0).abs() > CLIP_COEF).float().mean().item()]
-            mb_advantages = b_advantages[mb_inds]
-            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-            pg_loss = torch.max(-mb_advantages * ratio,
-                                -mb_advantages * torch.clamp(ratio, 1 - CLIP_COEF, 1 + CLIP_COEF)).mean()
-            newvalue = newvalue.view(-1)
-            v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-            entropy_loss = entropy.mean()
-            loss = pg_loss - ENT_COEF * entropy_loss + v_loss * VF_COEF
-            optimizer.zero_grad()
+            with truth.timed(TRAIN if epoch or start else EVAL, "untracked"):  # the tail of the step before
+                mb_inds = b_inds[start:start + MINIBATCH_SIZE]
+                mb_obs, mb_actions = b_obs[mb_inds], b_actions.long()[mb_inds]
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+            with truth.timed(TRAIN, "untracked"):  # after the critic forward, before the .item()
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfrac = ((ratio - 1.0).abs() > CLIP_COEF).float().mean()
+            clipfracs += [clipfrac.item()]
+            with truth.timed(TRAIN, "untracked"):  # the losses, up to the backward
+                mb_advantages = b_advantages[mb_inds]
+                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                pg_loss = torch.max(-mb_advantages * ratio,
+                                    -mb_advantages * torch.clamp(ratio, 1 - CLIP_COEF, 1 + CLIP_COEF)).mean()
+                newvalue = newvalue.view(-1)
+                v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - ENT_COEF * entropy_loss + v_loss * VF_COEF
+                optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), MAX_GRAD_NORM)
             optimizer.step()
             truth.train_step(microbatches=1)
 
     y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-    var_y = np.var(y_true)
-    explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+    with truth.timed(TRAIN, "untracked"):
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
     print(f"update {update}: value_loss {v_loss.item():.3f} policy_loss {pg_loss.item():.3f} "
           f"approx_kl {approx_kl.item():.4f} explained_variance {explained_var:.3f}")
     truth.sleep(TRAIN, "untracked", WRITER_DELAY)  # writer.add_scalar(...) x 8, a tensorboard flush

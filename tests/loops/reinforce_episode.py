@@ -2,7 +2,11 @@
 """REINFORCE: the forwards during the episode keep their graphs for the single backward
 at its end, so the whole episode is one training step with one micro-batch. A tiny
 CartPole (same dynamics, numpy) stands in for gymnasium's. Planted: a slow log line
-after every episode's update (``untracked``)."""
+after every episode's update (``untracked``). The rest of the episode's own user code
+lands in the same ``untracked`` (the simulator, ``Categorical`` sampling, the
+discounted returns and the loss sum, ``zero_grad``, the log line itself) and is timed
+with it: everything but the policy forward, ``.item()``, ``backward()`` and
+``optimizer.step()``."""
 
 from collections import deque
 
@@ -13,7 +17,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 from torch.distributions import Categorical
 
-from _truth import TRAIN, Truth
+from _truth import BEFORE, TRAIN, Truth
 
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("reinforce_episode")
@@ -66,50 +70,58 @@ eps = np.finfo(np.float32).eps.item()
 
 
 def select_action(state):
-    state = torch.from_numpy(state).float().unsqueeze(0)
+    with truth.timed(TRAIN, "untracked"):
+        state = torch.from_numpy(state).float().unsqueeze(0)
     probs = policy(state)
-    m = Categorical(probs)
-    action = m.sample()
-    policy.saved_log_probs.append(m.log_prob(action))
+    with truth.timed(TRAIN, "untracked"):  # sampling: user code, not the forward
+        m = Categorical(probs)
+        action = m.sample()
+        policy.saved_log_probs.append(m.log_prob(action))
     return action.item()
 
 
 def finish_episode():
-    R = 0
-    policy_loss = []
-    returns = deque()
-    for r in policy.rewards[::-1]:
-        R = r + GAMMA * R
-        returns.appendleft(R)
-    returns = torch.tensor(returns)
-    returns = (returns - returns.mean()) / (returns.std() + eps)
-    for log_prob, R in zip(policy.saved_log_probs, returns):
-        policy_loss.append(-log_prob * R)
-    optimizer.zero_grad()
-    policy_loss = torch.cat(policy_loss).sum()
+    with truth.timed(TRAIN, "untracked"):  # returns and the loss: user code
+        R = 0
+        policy_loss = []
+        returns = deque()
+        for r in policy.rewards[::-1]:
+            R = r + GAMMA * R
+            returns.appendleft(R)
+        returns = torch.tensor(returns)
+        returns = (returns - returns.mean()) / (returns.std() + eps)
+        for log_prob, R in zip(policy.saved_log_probs, returns):
+            policy_loss.append(-log_prob * R)
+        optimizer.zero_grad()
+        policy_loss = torch.cat(policy_loss).sum()
     policy_loss.backward()
     optimizer.step()
     truth.train_step(microbatches=1)
-    del policy.rewards[:]
-    del policy.saved_log_probs[:]
+    with truth.timed(TRAIN, "untracked"):
+        del policy.rewards[:]
+        del policy.saved_log_probs[:]
 
 
 running_reward = 10
 truth.start()
 for i_episode in range(1, EPISODES + 1):
-    state, _ = env.reset()
-    ep_reward = 0
+    with truth.timed(TRAIN if i_episode > 1 else BEFORE, "untracked"):  # the tail of the last episode
+        state, _ = env.reset()
+        ep_reward = 0
     for t in range(1, MAX_T + 1):  # the original allows 10000 env steps; a short cap keeps episodes small
         action = select_action(state)
-        state, reward, terminated, truncated, _ = env.step(action)
-        policy.rewards.append(reward)
-        ep_reward += reward
+        with truth.timed(TRAIN, "untracked"):  # the simulator
+            state, reward, terminated, truncated, _ = env.step(action)
+            policy.rewards.append(reward)
+            ep_reward += reward
         if terminated or truncated:
             break
-    running_reward = 0.05 * ep_reward + (1 - 0.05) * running_reward
+    with truth.timed(TRAIN, "untracked"):
+        running_reward = 0.05 * ep_reward + (1 - 0.05) * running_reward
     finish_episode()
     if i_episode % LOG_INTERVAL == 0:
-        print(f"Episode {i_episode}\tLast reward: {ep_reward:.2f}\tAverage reward: {running_reward:.2f}")
-        truth.sleep(TRAIN, "untracked", LOG_DELAY)
+        with truth.timed(TRAIN, "untracked"):
+            print(f"Episode {i_episode}\tLast reward: {ep_reward:.2f}\tAverage reward: {running_reward:.2f}")
+            truth.sleep(TRAIN, "untracked", LOG_DELAY)
 truth.stop()
 truth.emit()
