@@ -33,6 +33,7 @@ removed from their environment), as a user's Python does: without it every child
 compiles the editable package's sources at each import.
 
     .venv/bin/python benchmarks/worker_startup.py [--rounds 5] [--epochs 4] [--methods spawn,forkserver]
+    .venv/bin/python benchmarks/worker_startup.py --profile   # where a spawned worker's CPU goes
 
 Target (issue 13, item 8): loop instrumented / plain <= 1.10 for spawn and forkserver.
 """
@@ -102,6 +103,65 @@ def workload(args) -> int:
     return 0
 
 
+# -- where a spawned worker's start-up goes -------------------------------------------------
+
+# Stands in for opentelemetry-instrument's sitecustomize (on PYTHONPATH instead of it): the
+# same calls in the same order, each timed in CPU seconds; every process reports on stderr.
+_PROFILE_SITECUSTOMIZE = r'''
+import os, sys, time
+_t = 0.0  # CPU time since the process started
+def _report(what):
+    global _t
+    now = time.process_time()
+    sys.stderr.write(f"PROFILE {os.getpid()} {'--multiprocessing-fork' in sys.orig_argv} {what} {now - _t:.4f}\n")
+    _t = now
+_report("interpreter start-up")
+from opentelemetry.instrumentation.auto_instrumentation import _load
+_report("import opentelemetry-instrument's auto_instrumentation")
+distro = _load._load_distro()
+_report("find and import the distro")
+distro.configure()
+_report("distro.configure()")
+_load._load_configurators()
+_report("configurator: SDK, exporters")
+_load._load_instrumentors(distro)
+_report("instrumentors")
+'''
+
+
+def profile(args, env) -> None:
+    """One instrumented spawn run with the timed stand-in: CPU seconds per step of
+    ``opentelemetry-instrument``'s start-up in each worker, medians over workers."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as site:
+        with open(os.path.join(site, "sitecustomize.py"), "w") as fh:
+            fh.write(_PROFILE_SITECUSTOMIZE)
+        env = dict(env, PYTHONPATH=site)
+        cmd = [sys.executable, os.path.abspath(__file__), "--workload", "spawn", "--epochs", str(args.epochs),
+               "--batches", str(args.batches), "--batch-size", str(args.batch_size)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 or "LOOP_S" not in proc.stdout:
+        raise SystemExit(f"profile run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    steps: dict = {}
+    for line in proc.stderr.splitlines():
+        if line.startswith("PROFILE "):
+            _, pid, child, rest = line.split(" ", 3)
+            what, seconds = rest.rsplit(" ", 1)
+            if child == "True":
+                steps.setdefault(what, []).append(float(seconds))
+    worker_cpu = float(proc.stdout.split("WORKER_CPU_S", 1)[1].split()[0])
+    print(f"CPU seconds in a spawned DataLoader worker under the stand-in for opentelemetry-instrument, "
+          f"median of {max(len(v) for v in steps.values())} workers")
+    total = 0.0
+    for what, values in steps.items():
+        total += statistics.median(values)
+        print(f"  {what:<56}{statistics.median(values):>8.3f}")
+    print(f"  {'then: main script, dataset (torch), up to worker_init_fn':<56}{worker_cpu - total:>8.3f}")
+    print(f"  {'worker CPU at worker_init_fn':<56}{worker_cpu:>8.3f}")
+
+
 # -- the driver ---------------------------------------------------------------------------
 
 def _one(kind: str, method: str, args, env) -> dict:
@@ -130,6 +190,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--methods", default="spawn,forkserver")
     p.add_argument("--live", action="store_true", help="export to a real OTLP receiver on loopback")
+    p.add_argument("--profile", action="store_true",
+                   help="only show where an instrumented spawned worker's start-up CPU time goes")
     args = p.parse_args()
     if args.workload:
         sys.exit(workload(args))
@@ -150,6 +212,9 @@ def main() -> None:
             instr_env = otel_env(endpoint, Path(tmp), OTEL_SERVICE_NAME="worker-startup")
             instr_env.pop("PYTHONDONTWRITEBYTECODE", None)
             plain_env = {k: v for k, v in instr_env.items() if not k.startswith("OTEL_")}
+            if args.profile:
+                profile(args, instr_env)
+                return
             for method in methods:
                 for kind in ("plain", "instrumented"):  # warm-up: bytecode and file caches
                     _one(kind, method, args, plain_env if kind == "plain" else instr_env)
