@@ -19,9 +19,8 @@ from typing import MutableMapping, Optional
 from urllib.parse import urlparse
 
 from opentelemetry.instrumentation.distro import BaseDistro
-from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
-from otel_training.resource_info import run_id
+from otel_training import processes
 
 METRIC_EXPORT_INTERVAL_MS = "5000"  # 5 s: dashboards see a step-time change quickly
 # What this distro generated, as "<pid> key=value,...": a child process that inherits
@@ -36,6 +35,8 @@ _GENERATED = "_OTEL_TRAINING_GENERATED_RESOURCE"
 
 
 def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
+    from otel_training.resource_info import run_id
+
     environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
     environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
     environ.setdefault("OTEL_LOGS_EXPORTER", "none")
@@ -90,13 +91,12 @@ def _prepare_process(environ: MutableMapping[str, str] = os.environ) -> None:
     The multiprocessing forkserver and resource tracker export nothing; and a malformed
     ``OTEL_TRAINING_*`` value stops the run with one line, before anything starts.
     """
-    from otel_training.config import ConfigError, load_config
-    from otel_training.export_guard import ROLE_HELPER, multiprocessing_role
-
-    if multiprocessing_role() == ROLE_HELPER:
+    if processes.multiprocessing_role() == processes.ROLE_HELPER:
         for var in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
             environ[var] = "none"
         return
+    from otel_training.config import ConfigError, load_config
+
     try:
         load_config(environ)
     except ConfigError as exc:
@@ -180,19 +180,52 @@ def stop_on_config_error(exc: BaseException) -> None:
 
 
 class TrainingDistro(BaseDistro):
-    """``opentelemetry_distro`` entry point: sensible defaults for training jobs."""
+    """``opentelemetry_distro`` entry point: sensible defaults for training jobs.
+
+    In a multiprocessing ``spawn`` child it holds everything (see
+    ``otel_training.processes``): a DataLoader worker then sets up nothing at all,
+    another spawned process (a ``torch.multiprocessing.spawn`` rank) is set up as
+    usual once its process object arrives. A helper (forkserver, resource tracker)
+    holds for good.
+    """
 
     def _configure(self, **kwargs):
+        if processes.hold(self):
+            if processes.state() == processes.HELPER:
+                _prepare_process()  # exporters off, for a configurator that is not ours
+            return
         _prepare_process()
         apply_defaults()
 
+    def load_instrumentor(self, entry_point, **kwargs):
+        if processes.holding():
+            processes.hold_instrumentor(entry_point, kwargs)  # not even imported
+            return
+        super().load_instrumentor(entry_point, **kwargs)
 
-class TrainingConfigurator(_OTelSDKConfigurator):
-    """``opentelemetry_configurator`` entry point: the SDK's standard set-up."""
+
+def _sdk_configurator():
+    """The SDK's standard configurator class, imported when first needed: the SDK's
+    import is what a held child must not pay."""
+    from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+
+    return _OTelSDKConfigurator
+
+
+class TrainingConfigurator:
+    """``opentelemetry_configurator`` entry point: the SDK's standard set-up
+    (``_OTelSDKConfigurator``), held in a spawned child until it is known to be no
+    DataLoader worker."""
+
+    def configure(self, **kwargs):
+        if processes.holding():
+            processes.hold_configurator(self, kwargs)
+            return
+        _sdk_configurator()().configure(**kwargs)
 
 
 def configure_sdk() -> None:
     """Set up the SDK as ``opentelemetry-instrument`` would (used by ``instrument()``)."""
     apply_defaults()
     check_endpoints()
-    TrainingConfigurator().configure()
+    _sdk_configurator()().configure()

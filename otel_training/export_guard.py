@@ -18,50 +18,25 @@ exports on its own threads: a ``BatchSpanProcessor`` worker and a
 * ``silence`` (in a forked child or a DataLoader worker) makes every export a no-op
   and stops the SDK's threads there, so workers never export the parent's state again.
 
-It also tells which processes are multiprocessing helpers (see ``multiprocessing_role``).
+``multiprocessing_role`` (which processes are multiprocessing helpers) lives in
+``otel_training.processes`` and is re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional
 
+# Which process this is: re-exported from otel_training.processes.
+from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role  # noqa: F401
 from otel_training.selftelemetry import COMPONENT_METRICS, COMPONENT_TRACES
 
 logger = logging.getLogger("otel_training")
 
 _MISSING = object()
-
-ROLE_SPAWN = "spawn"  # a multiprocessing "spawn" child: a DataLoader worker or a rank
-ROLE_HELPER = "helper"  # the forkserver or the resource tracker: never instrumented
-
-
-def multiprocessing_role(argv: Optional[Sequence[str]] = None) -> Optional[str]:
-    """What multiprocessing started this interpreter as, from its command line.
-
-    ``spawn`` children run ``-c 'from multiprocessing.spawn import spawn_main; ...'
-    --multiprocessing-fork``; the forkserver and the resource tracker run
-    ``-c 'from multiprocessing.forkserver import main; ...'`` /
-    ``'from multiprocessing.resource_tracker import main; ...'``. Each runs
-    ``sitecustomize`` (so ``opentelemetry-instrument``) again.
-    """
-    if argv is None:
-        argv = getattr(sys, "orig_argv", None) or sys.argv
-    argv = list(argv)
-    code = ""
-    if "-c" in argv:
-        i = argv.index("-c")
-        code = argv[i + 1] if i + 1 < len(argv) else ""
-    if "multiprocessing.spawn" in code or "--multiprocessing-fork" in argv:
-        return ROLE_SPAWN
-    if code.lstrip().startswith("from multiprocessing."):
-        return ROLE_HELPER
-    return None
-
 
 # The OTLP exporters log "Transient error ... retrying in N s" on the exporting thread
 # just before sleeping in their backoff: seen there, a flush at exit gives up at once

@@ -16,6 +16,7 @@ import time
 import weakref
 from typing import Optional
 
+from otel_training import processes
 from otel_training import semconv as sc
 from otel_training.capture import TailCapture
 from otel_training.config import Config
@@ -103,6 +104,9 @@ class Runtime:
         self.guard: Optional[ExportGuard] = None
         self.active = False
         self.role = multiprocessing_role()
+        if self.role == ROLE_SPAWN and processes.released():
+            # Set up by the distro once the process object arrived: no DataLoader worker.
+            self.role = None
         self._closed = False
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
         self._summary_file_ok = True
@@ -171,9 +175,10 @@ class Runtime:
             self.on_error("signals", exc)
 
     def _process_run_wrapper(self, wrapped, instance, args, kwargs):
-        target = getattr(instance, "_target", None)
-        if (getattr(target, "__name__", None) == "_worker_loop"
-                and getattr(target, "__module__", "").startswith("torch.utils.data")):
+        # Under opentelemetry-instrument the distro holds a spawned child's set-up until
+        # the process object arrives (otel_training.processes), so a worker never gets
+        # here; this covers instrument() called in a spawned child's own code.
+        if processes.is_dataloader_worker(instance):
             try:
                 self.disable_in_child("dataloader worker")
             except Exception as exc:  # pragma: no cover

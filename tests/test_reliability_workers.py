@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import threading
 import time
 
@@ -220,3 +221,239 @@ def test_a_rank_started_by_torch_multiprocessing_spawn_stays_instrumented(tmp_pa
     summary = json.loads((tmp_path / files[0]).read_text())
     assert summary["modes"]["train"]["steps"] == 6
     assert summary["telemetry"]["errors"] == 0
+
+
+# -- spawned children hold their set-up until the process object arrives (issue 13, item 8) --
+
+# What a held child may have loaded of ours: the distro and what it imports, nothing more.
+HELD_MODULES = {"otel_training", "otel_training.distro", "otel_training.processes", "otel_training.version"}
+
+
+def _assert_set_up_nothing(worker: dict) -> None:
+    """A worker that never configured the SDK, loaded an instrumentor or started a thread."""
+    assert worker["all_threads"] == ["MainThread"], worker
+    assert worker["sdk_loaded"] == [], worker  # the SDK was not even imported
+    assert set(worker["otel_training_modules"]) <= HELD_MODULES, worker
+    for key, proxy in (("tracer_provider", "ProxyTracerProvider"), ("meter_provider", "_ProxyMeterProvider")):
+        if key in worker:
+            assert worker[key] in (None, proxy), worker
+    assert not worker.get("instrumentor_installed") and not worker.get("otel_training_active"), worker
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """``otel_training.processes`` in a clean state; a test poses as a child through
+    ``sys.orig_argv``. The distro's own set-up steps are recorded, not run."""
+    from otel_training import distro, processes
+
+    processes.reset()
+    calls: list = []
+    monkeypatch.setattr(distro, "_prepare_process", lambda: calls.append("prepare"))
+    monkeypatch.setattr(distro, "apply_defaults", lambda: calls.append("defaults"))
+
+    class FakeSDKConfigurator:
+        def configure(self, **kwargs):
+            calls.append(("sdk", kwargs))
+
+    monkeypatch.setattr(distro, "_sdk_configurator", lambda: FakeSDKConfigurator)
+    yield processes, calls
+    processes.reset()
+
+
+class FakeEntryPoint:
+    name = "fake"
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def load(self):
+        calls = self.calls
+
+        class Instrumentor:
+            def instrument(self, **kwargs):
+                calls.append(("instrument", kwargs))
+
+        return Instrumentor
+
+
+SPAWN_ARGV = [sys.executable, "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+              "--multiprocessing-fork"]
+
+
+def _run_as_opentelemetry_instrument(calls: list):
+    """What opentelemetry-instrument's sitecustomize does with our distro and configurator."""
+    from otel_training.distro import TrainingConfigurator, TrainingDistro
+
+    distro = TrainingDistro()
+    distro.configure()
+    TrainingConfigurator().configure(auto_instrumentation_version="0")
+    distro.load_instrumentor(FakeEntryPoint(calls), skip_dep_check=True)
+    return distro
+
+
+def test_a_process_that_is_no_child_sets_up_at_once(held, monkeypatch):
+    processes, calls = held
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "train.py"], raising=False)
+    _run_as_opentelemetry_instrument(calls)
+    assert calls == ["prepare", "defaults", ("sdk", {"auto_instrumentation_version": "0"}),
+                     ("instrument", {"skip_dep_check": True})]
+    assert processes.state() is None
+
+
+def test_a_spawned_dataloader_worker_drops_what_was_held(held, monkeypatch):
+    import multiprocessing
+    from multiprocessing import process
+
+    from torch.utils.data._utils.worker import _worker_loop
+
+    processes, calls = held
+    original = process.BaseProcess.__dict__["_bootstrap"]
+    monkeypatch.setattr(sys, "orig_argv", SPAWN_ARGV, raising=False)
+    _run_as_opentelemetry_instrument(calls)
+    assert calls == [] and processes.holding()
+    assert process.BaseProcess.__dict__["_bootstrap"] is not original  # watching for the process object
+    processes.decide(multiprocessing.get_context("spawn").Process(target=_worker_loop))
+    assert calls == [] and processes.state() == processes.WORKER and not processes.holding()
+    assert process.BaseProcess.__dict__["_bootstrap"] is original  # put back at once
+
+
+def test_any_other_spawned_process_is_set_up_when_it_arrives(held, monkeypatch):
+    import multiprocessing
+    from multiprocessing import process
+
+    processes, calls = held
+    original = process.BaseProcess.__dict__["_bootstrap"]
+    monkeypatch.setattr(sys, "orig_argv", SPAWN_ARGV, raising=False)
+    _run_as_opentelemetry_instrument(calls)
+    assert calls == []
+    processes.decide(multiprocessing.get_context("spawn").Process(target=print))  # e.g. a rank
+    assert calls == ["prepare", "defaults", ("sdk", {"auto_instrumentation_version": "0"}),
+                     ("instrument", {"skip_dep_check": True})]
+    assert processes.released() and not processes.holding()
+    assert process.BaseProcess.__dict__["_bootstrap"] is original
+
+
+def test_a_multiprocessing_helper_holds_for_good(held, monkeypatch):
+    import multiprocessing
+    from multiprocessing import process
+
+    processes, calls = held
+    original = process.BaseProcess.__dict__["_bootstrap"]
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-c", "from multiprocessing.forkserver import main; main(3, 4)"],
+                        raising=False)
+    _run_as_opentelemetry_instrument(calls)
+    assert calls == ["prepare"]  # exporters off for a configurator that is not ours; nothing else
+    assert process.BaseProcess.__dict__["_bootstrap"] is original
+    processes.decide(multiprocessing.get_context("spawn").Process(target=print))
+    assert calls == ["prepare"] and processes.holding()
+
+
+def test_a_failing_instrumentor_in_a_released_child_is_logged_not_raised(held, monkeypatch, caplog):
+    import multiprocessing
+
+    processes, calls = held
+    monkeypatch.setattr(sys, "orig_argv", SPAWN_ARGV, raising=False)
+
+    class Broken(FakeEntryPoint):
+        def load(self):
+            raise RuntimeError("boom")
+
+    from otel_training.distro import TrainingDistro
+
+    distro = TrainingDistro()
+    distro.configure()
+    distro.load_instrumentor(Broken(calls))
+    distro.load_instrumentor(FakeEntryPoint(calls))
+    processes.decide(multiprocessing.get_context("spawn").Process(target=print))
+    assert calls == ["prepare", "defaults", ("instrument", {})]  # the next one still loaded
+    assert "Instrumenting of fake failed" in caplog.text
+
+
+def test_the_sdk_another_configurator_set_up_is_silenced_in_a_worker(tmp_path):
+    """With our distro holding but a configurator that is not ours (two distros, no
+    OTEL_PYTHON_CONFIGURATOR), a worker's SDK threads still stop."""
+    code = """
+import sys, threading
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from otel_training import processes
+from torch.utils.data._utils.worker import _worker_loop
+import multiprocessing
+sys.orig_argv = sys.orig_argv + ["--multiprocessing-fork"]
+
+class D:
+    def configure(self): raise AssertionError("not for a worker")
+
+assert processes.hold(D())
+tp = TracerProvider(); tp.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+trace.set_tracer_provider(tp)
+metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(ConsoleMetricExporter(), 60000)]))
+assert len(threading.enumerate()) > 1
+processes.decide(multiprocessing.get_context("spawn").Process(target=_worker_loop))
+print(sorted(t.name for t in threading.enumerate()))
+"""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['MainThread']", proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_spawned_and_forkserver_workers_set_up_nothing(tmp_path):
+    """Workers re-created every epoch by spawn and by forkserver neither configure the
+    SDK, nor load an instrumentor, nor start a thread (not even to switch it off again);
+    the training process still exports every step, alone."""
+    report = tmp_path / "workers"
+    report.mkdir()
+    with OTLPReceiver() as receiver:
+        env = otel_env(receiver.endpoint, tmp_path, OTEL_METRIC_EXPORT_INTERVAL="500",
+                       OTEL_TRAINING_TRACE_EVERY_N="1", OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000")
+        r = run(instrumented("train_workers.py", "--start-methods", "spawn:2,forkserver:2", "--persistent", "",
+                             "--epochs", str(EPOCHS), "--batches", str(BATCHES), "--report", str(report)),
+                env, timeout=300)
+        assert r.proc.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        steps = int(r.marker("STEPS")[0])
+        assert receiver.wait_for(lambda rc: len([s for _, s in rc.spans() if s.name == "step"]) >= steps)
+        instances = {res.get("service.instance.id") for res, _ in receiver.metrics()} | {
+            res.get("service.instance.id") for res, _ in receiver.spans()}
+    workers = [json.loads(p.read_text()) for p in sorted(report.iterdir())]
+    by_method: dict = {}
+    for w in workers:
+        by_method.setdefault(w["method"], set()).add(w["pid"])
+        _assert_set_up_nothing(w)
+    assert {m: len(pids) for m, pids in by_method.items()} == {"spawn": 2 * EPOCHS, "forkserver": 2 * EPOCHS}
+    assert len(instances) == 1, instances
+
+
+@pytest.mark.slow
+def test_a_spawned_rank_exports_its_steps_and_its_own_worker_nothing(tmp_path):
+    """A ``torch.multiprocessing.spawn`` rank is set up once its process object arrives
+    and exports its steps; the DataLoader worker it spawns in turn sets up nothing."""
+    report = tmp_path / "workers"
+    report.mkdir()
+    with OTLPReceiver() as receiver:
+        env = otel_env(receiver.endpoint, tmp_path, OTEL_METRIC_EXPORT_INTERVAL="500",
+                       OTEL_TRAINING_TRACE_EVERY_N="1", OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000",
+                       OTEL_TRAINING_HARDWARE="false")
+        r = run(instrumented("train_mp_spawn.py", "--report", str(report)), env, timeout=240)
+        assert r.proc.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        rank_pid = int(r.marker("RANK_PID")[0])
+        assert receiver.wait_for(lambda rc: len([s for _, s in rc.spans() if s.name == "step"]) >= 6)
+        step_spans = [(res, s) for res, s in receiver.spans() if s.name == "step"]
+        counts = {}
+        for res, m in receiver.metrics():
+            if m.name == "training.steps":
+                for p in data_points(m):
+                    counts[res["service.instance.id"]] = p.as_int
+    assert len(step_spans) == 6
+    exporters = {res["service.instance.id"] for res, _ in step_spans}
+    assert len(exporters) == 1 and set(counts) == exporters and list(counts.values()) == [6]
+    (worker,) = [json.loads(p.read_text()) for p in report.iterdir()]
+    assert worker["ppid"] == rank_pid
+    _assert_set_up_nothing(worker)

@@ -2,8 +2,10 @@
 
 One plain training loop per start method, two epochs each. Every worker writes what
 it sees to ``--report`` (one JSON file per worker process): its threads (after giving
-any exporter/sampler thread up to 3 s to stop) and whether otel-training is active in
-it; each item also calls a tensor method our hooks wrap. No OpenTelemetry in here.
+any exporter/sampler thread up to 3 s to stop), whether otel-training is active in
+it, which of its modules and of the SDK's are loaded, and the global providers' types;
+each item also calls a tensor method our hooks wrap. No OpenTelemetry in here (what is
+looked at is only looked at if something else imported it).
 """
 
 import argparse
@@ -22,6 +24,17 @@ _OURS = ("otel", "Otel")  # otel-training's threads and the SDK's export threads
 
 def _our_threads():
     return sorted(t.name for t in threading.enumerate() if t.name.startswith(_OURS))
+
+
+def _provider_type(module: str, getter: str):
+    """The global provider's class name, or None if the API was never imported."""
+    api = sys.modules.get(module)
+    return type(getattr(api, getter)()).__name__ if api is not None else None
+
+
+def _instrumentor_installed() -> bool:
+    mod = sys.modules.get("otel_training.instrumentor")
+    return bool(mod is not None and mod.TrainingInstrumentor().is_instrumented_by_opentelemetry)
 
 
 class Reporting(Dataset):
@@ -48,6 +61,11 @@ class Reporting(Dataset):
                 "all_threads": sorted(t.name for t in threading.enumerate()),
                 "otel_training_loaded": runtime is not None,
                 "otel_training_active": bool(runtime is not None and runtime.current() is not None),
+                "otel_training_modules": sorted(m for m in sys.modules if m.startswith("otel_training")),
+                "sdk_loaded": sorted(m for m in sys.modules if m.startswith("opentelemetry.sdk")),
+                "tracer_provider": _provider_type("opentelemetry.trace", "get_tracer_provider"),
+                "meter_provider": _provider_type("opentelemetry.metrics", "get_meter_provider"),
+                "instrumentor_installed": _instrumentor_installed(),
             }
             with open(os.path.join(self.report, f"worker-{os.getpid()}.json"), "w") as fh:
                 json.dump(record, fh)
@@ -62,6 +80,9 @@ def main() -> int:
     p.add_argument("--batches", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--pin-memory", action="store_true")
+    p.add_argument("--persistent", default="spawn",
+                   help="comma-separated start methods whose workers are persistent (others are "
+                        "re-created every epoch)")
     p.add_argument("--report", required=True)
     args = p.parse_args()
 
@@ -75,7 +96,7 @@ def main() -> int:
         loader = DataLoader(
             Reporting(args.batches * args.batch_size, args.report, method), batch_size=args.batch_size,
             num_workers=int(workers or 2), multiprocessing_context=method,
-            persistent_workers=(method == "spawn"), pin_memory=args.pin_memory)
+            persistent_workers=(method in args.persistent.split(",")), pin_memory=args.pin_memory)
         for _ in range(args.epochs):
             for x, y in loader:
                 loss = loss_fn(model(x), y)
