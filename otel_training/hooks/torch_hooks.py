@@ -74,12 +74,18 @@ def install_torch_hooks(tracker: Any, patcher: Patcher, on_error: Callable, on_s
         except Exception as exc:
             on_error("dataloader", exc)
         it = wrapped(*args, **kwargs)
+        if started is not None:
+            try:
+                started = started + (tracker.now(),)  # (token, start ns, end ns) of the start-up
+            except Exception as exc:
+                started = None
+                on_error("dataloader", exc)
         try:
             counts = instance.__dict__.setdefault("_otel_epochs", [0])
             it._otel_epoch = counts[0]
             counts[0] += 1
-            if started is not None:  # (token, start ns, end ns) of the iterator's start-up
-                it._otel_started = started + (tracker.now(),)
+            if started is not None:
+                it._otel_started = started
         except Exception:
             pass  # an iterator without __dict__: no epoch, no start-up time
         return it
