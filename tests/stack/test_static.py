@@ -241,19 +241,9 @@ def _contract_names() -> set:
     return names
 
 
-# The stack's own components, scraped by Prometheus (not training telemetry): `up` for
-# every scrape job, and the Collector's internal metrics (service.telemetry, :8888;
-# names of Collector 0.147.0, counters with `_total` in the Prometheus exposition).
-STACK_COMPONENT_METRICS = {
-    "up",
-    "otelcol_receiver_refused_metric_points_total", "otelcol_receiver_refused_spans_total",
-    "otelcol_exporter_send_failed_metric_points_total", "otelcol_exporter_send_failed_spans_total",
-}
-
-
 def test_dashboards_and_rules_use_only_contract_names():
     recorded = {r["record"] for r in q.rules() if "record" in r}
-    allowed = _contract_names() | recorded | {"target_info"} | STACK_COMPONENT_METRICS
+    allowed = _contract_names() | recorded | {"target_info"} | q.STACK_COMPONENT_METRICS
     exprs = [t["expr"] for d in q.dashboards().values() for _, t in q.panel_queries(d)]
     exprs += [r["expr"] for r in q.rules()]
     exprs += [q.label_values_call(q.variable_query(v))[0]
