@@ -138,6 +138,12 @@ class Runtime:
             self.telemetry.register(self._meter, self._common)
         except Exception as exc:
             self.on_error("export_guard", exc)
+        try:
+            from otel_training import progress
+
+            progress.register(self._meter, self.tracker, self._common)
+        except Exception as exc:
+            self.on_error("progress", exc)
         if self.config.hardware:
             try:
                 from otel_training.hardware import start_hardware_metrics

@@ -55,6 +55,7 @@ METRIC_SAMPLES = "training.samples"
 METRIC_MICROBATCHES = "training.microbatches"
 METRIC_SKIPPED_UPDATES = "training.skipped_updates"
 METRIC_GPU_IDLE = "training.gpu.idle"
+METRIC_PHASE_OPEN_DURATION = "training.phase.open.duration"  # gauge: a hang shows here
 
 # --- self-telemetry --------------------------------------------------------------
 METRIC_SPANS_DROPPED = "training.telemetry.spans.dropped"

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Fresh machine to a full test run: install everything (package, test tools,
-# framework integrations, real Prometheus + promtool), then run the tests.
+# framework integrations, real Prometheus + promtool, real Alertmanager + amtool),
+# then run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,distro,integrations"
 # Real Prometheus + promtool for the stack tests. Offline, those tests skip with the
 # reason; under CI=true they fail instead, so CI never passes without them.
 bash scripts/install-prometheus.sh || echo "test.sh: could not install Prometheus; stack tests will skip (or fail in CI)" >&2
+# Real Alertmanager + amtool for the alert delivery test, installed the same way.
+bash scripts/install-alertmanager.sh || echo "test.sh: could not install Alertmanager; its tests will skip (or fail in CI)" >&2
 export PATH="$PWD/.tools/bin:$PATH"
 exec .venv/bin/python -m pytest -q -rs "$@"

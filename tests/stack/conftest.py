@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 
@@ -64,6 +64,10 @@ class RunData:
     trace_ids: set
     real_values: Dict[str, str] = field(default_factory=dict)
     synthetic_values: Dict[str, str] = field(default_factory=dict)
+    real_requests: list = field(default_factory=list)  # the OTLP export requests, as received
+    synthetic_requests: list = field(default_factory=list)
+    real_runs: List[str] = field(default_factory=list)  # training_run_id of each concurrent run
+    synthetic_runs: List[str] = field(default_factory=list)
 
 
 def _values(tr: Translator) -> Dict[str, str]:
@@ -77,22 +81,30 @@ def _values(tr: Translator) -> Dict[str, str]:
     return out
 
 
-@pytest.fixture(scope="module")
+def _runs(tr: Translator) -> List[str]:
+    return sorted({dict(k[1:])["training_run_id"] for k in tr.families["training_steps_total"].samples})
+
+
+@pytest.fixture(scope="session")
 def run_data() -> RunData:
-    """A real two-rank instrumented training run, exported over OTLP and translated."""
+    """Two real two-rank instrumented training runs of one job on this host, at the same
+    time (real_run.CONCURRENT), exported over OTLP and translated."""
     if not real_run.available():
         unavailable("otel_training (the core package) or examples/train_basic.py is missing")
     from tests.otlp_receiver import OTLPReceiver
 
     promote = promoted_attributes(str(ROOT / "prometheus" / "prometheus.yml"))
     with OTLPReceiver() as receiver:
-        real_run.run_training(receiver.endpoint)
-        real = translate(receiver.metric_requests, promote)
+        real_run.run_concurrently(receiver.endpoint, real_run.CONCURRENT)
+        real_requests = list(receiver.metric_requests)
+        real = translate(real_requests, promote)
         trace_ids = {span.trace_id.hex() for _, span in receiver.spans()}
     with OTLPReceiver() as receiver:
-        synthetic.produce(receiver.endpoint)
-        synth = translate(receiver.metric_requests, promote)
-    return RunData(real, synth, trace_ids, _values(real), _values(synth))
+        synthetic.produce(receiver.endpoint, seconds=6.0, interval_ms=100, runs=2)  # 60 exports each
+        synth_requests = list(receiver.metric_requests)
+        synth = translate(synth_requests, promote)
+    return RunData(real, synth, trace_ids, _values(real), _values(synth), real_requests,
+                   synth_requests, _runs(real), _runs(synth))
 
 
 @pytest.fixture(scope="module")

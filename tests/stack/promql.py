@@ -15,6 +15,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
 RULE_FILES = sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
 
+# The stack's own components, scraped by Prometheus (not training telemetry): `up` for
+# every scrape job, and the Collector's internal metrics (service.telemetry, :8888;
+# names of Collector 0.147.0, counters with `_total` in the Prometheus exposition).
+STACK_COMPONENT_METRICS = {
+    "up",
+    "otelcol_receiver_refused_metric_points_total", "otelcol_receiver_refused_spans_total",
+    "otelcol_exporter_send_failed_metric_points_total", "otelcol_exporter_send_failed_spans_total",
+}
+
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
             "and", "or", "unless", "atan2", "inf", "nan", "start", "end"}
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
@@ -38,6 +47,22 @@ def panel_queries(dashboard: dict) -> Iterator[Tuple[dict, dict]]:
         for target in panel.get("targets", []):
             if target.get("expr"):
                 yield panel, target
+
+
+def repeat_variable(dashboard: dict, panel: dict) -> str:
+    """The variable Grafana repeats ``panel`` for (one copy per selected value): its own
+    ``repeat``, or that of the row it sits in; "" when it is not repeated."""
+    if panel.get("repeat"):
+        return panel["repeat"]
+    row = None
+    for p in dashboard.get("panels", []):
+        if p["type"] == "row":
+            row = p
+            if panel in p.get("panels", []):
+                return p.get("repeat", "")
+        elif p is panel:
+            return (row or {}).get("repeat", "")
+    return ""
 
 
 def rules() -> Iterator[dict]:
@@ -64,13 +89,17 @@ def label_values_call(query: str) -> Tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+ALL = ".*"  # the dashboards' allValue: what Grafana inserts for "All"
+
+
 def substitute(expr: str, values: Dict[str, str], rate_interval: str = "1m") -> str:
     """Grafana's interpolation for a Prometheus query: ``$var`` regex-escaped (the
     dashboards only use ``=~``), ``$__rate_interval``/``$__interval``/``$__range``."""
     for name in ("__rate_interval", "__interval", "__range"):
         expr = expr.replace("${" + name + "}", rate_interval).replace("$" + name, rate_interval)
     for name in sorted(values, key=len, reverse=True):
-        value = re.escape(values[name]).replace("\\", "\\\\")
+        # "All" is the variables' allValue, inserted as the regex it is; a value is escaped
+        value = ALL if values[name] == ALL else re.escape(values[name]).replace("\\", "\\\\")
         expr = expr.replace("${" + name + "}", value).replace("$" + name, value)
     return expr
 

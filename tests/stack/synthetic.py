@@ -1,5 +1,6 @@
 """A synthetic OTLP producer: the real OpenTelemetry SDK and OTLP/gRPC exporter, emitting
-the contract's names and attributes (docs/telemetry.md) for a two-rank "run".
+the contract's names and attributes (docs/telemetry.md) for two-rank "runs" (two at
+once on one host, for the concurrent-runs tests).
 
 It fills in only what the real instrumented run (``real_run.py``, the primary source)
 cannot produce on a CPU machine or when healthy: GPU idle time (needs CUDA device
@@ -30,7 +31,8 @@ SERVICE = "synthetic-train"
 
 
 class _Rank:
-    def __init__(self, endpoint: str, run_id: str, rank: int, world: int, interval_ms: int):
+    def __init__(self, endpoint: str, run_id: str, rank: int, world: int, interval_ms: int,
+                 idle: float = 0.25):
         resource = Resource.create({
             "service.name": SERVICE, "service.instance.id": str(uuid.uuid4()),
             "host.name": HOST, "training.run.id": run_id,
@@ -54,6 +56,7 @@ class _Rank:
         self.idle = meter.create_counter("training.gpu.idle", unit="s")
         self.slow = 1.6 if rank == world - 1 else 1.0  # the last rank straggles
         self.rank = rank
+        self.idle_share = idle  # GPU idle share while waiting for data: differs per run
         # Self-telemetry counters count only failures: a healthy run never emits them.
         self.dropped_spans = meter.create_counter("training.telemetry.spans.dropped", unit="{span}")
         self.dropped_steps = meter.create_counter("training.telemetry.steps.dropped", unit="{step}")
@@ -74,7 +77,7 @@ class _Rank:
                                    "training.phase.parent": "train_batch"})
         self.steps.add(1, self.common)
         self.samples.add(32, self.common)
-        self.idle.add(total * 0.25, {**self.common, "training.phase": "dataloader_next"})
+        self.idle.add(total * self.idle_share, {**self.common, "training.phase": "dataloader_next"})
         self.idle.add(total * 0.05, {**self.common, "training.phase": "to_device"})
         if index % 20 == 0:
             self.dropped_spans.add(1, self.common)
@@ -95,10 +98,14 @@ class _null:
         return False
 
 
-def produce(endpoint: str, seconds: float = 4.0, interval_ms: int = 250, world: int = 2) -> str:
-    """Emit a synthetic run to ``endpoint`` (OTLP/gRPC) for ``seconds``; returns its run id."""
-    run_id = f"synthetic-{uuid.uuid4()}"
-    ranks = [_Rank(endpoint, run_id, r, world, interval_ms) for r in range(world)]
+def produce(endpoint: str, seconds: float = 4.0, interval_ms: int = 250, world: int = 2,
+            runs: int = 1) -> list:
+    """Emit ``runs`` synthetic runs at once (same host and job, their GPUs idle for
+    different shares of the step) to ``endpoint`` (OTLP/gRPC) for ``seconds``; returns
+    their run ids."""
+    run_ids = [f"synthetic-{uuid.uuid4()}" for _ in range(runs)]
+    ranks = [_Rank(endpoint, run_id, r, world, interval_ms, idle=0.25 if i == 0 else 0.05)
+             for i, run_id in enumerate(run_ids) for r in range(world)]
     rng = random.Random(5)
     deadline = time.monotonic() + seconds
     index = 0
@@ -109,4 +116,4 @@ def produce(endpoint: str, seconds: float = 4.0, interval_ms: int = 250, world: 
         time.sleep(0.02)
     for rank in ranks:
         rank.shutdown()
-    return run_id
+    return run_ids
