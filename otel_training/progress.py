@@ -24,20 +24,8 @@ def open_phase_seconds(tracker: Any) -> float:
     """Seconds the innermost open phase has lasted (0 without one). The
     ``train_batch``/``eval_batch`` container, which stays open between an update and
     the next step, does not count: only the phases the thread is really in."""
-    try:
-        step = tracker.step
-        if step is None:
-            return 0.0
-        stack = list(tracker._stack)
-        container = tracker._batch
-        for rec in reversed(stack):
-            if rec is container or rec.end >= 0:
-                continue
-            started = step.marks[rec.start]
-            return max(0.0, (tracker._clock() - started) / 1e9)
-    except (AttributeError, IndexError, TypeError):
-        pass
-    return 0.0
+    started = tracker.open_phase_start()
+    return 0.0 if started is None else max(0.0, (tracker.now() - started) / 1e9)
 
 
 class _Observed:

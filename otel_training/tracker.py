@@ -145,6 +145,23 @@ class Tracker:
         """The tracker's clock (host ns)."""
         return self._clock()
 
+    def open_phase_start(self) -> Optional[int]:
+        """Host ns at which the innermost phase still open began (the train/eval
+        container excluded: it stays open between an update and the next piece); None
+        outside phases. Read from other threads without a lock: a read torn by the
+        training thread answers None."""
+        try:
+            step = self.step
+            if step is None:
+                return None
+            container = self._batch
+            for rec in reversed(list(self._stack)):
+                if rec is not container and rec.end < 0:
+                    return step.marks[rec.start]
+        except (AttributeError, IndexError, TypeError):
+            pass
+        return None
+
     def _stamp(self) -> tuple:
         """(device token, host ns) of a boundary outside any step's marks yet."""
         timer_mark = self._timer_mark
