@@ -236,6 +236,7 @@ def test_gradient_accumulation_within_one_batch(instrumented):
     for s in steps:
         (batch,) = s.named("train_batch")
         assert [c.name for c in s.children(batch)] == ["forward", "backward"] * 4 + ["optimizer_step"]
+        assert s.attributes["training.step.microbatches"] == 4  # the chunks: micro-batches
 
 
 def test_gradient_accumulation_across_batches(instrumented):

@@ -102,18 +102,6 @@ def test_accumulation_without_dataloader_merges_micro_steps(instrumented):
     assert summary["modes"]["eval"]["steps"] == 6
 
 
-def test_accumulation_inside_one_batch(instrumented):
-    tel = instrumented()
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in DataLoader(make_dataset(16), batch_size=8):
-        opt.zero_grad()
-        for xs, ys in zip(x.chunk(4), y.chunk(4)):
-            nn.functional.cross_entropy(model(xs), ys).backward()
-        opt.step()
-    assert _micro(tel) == [4, 4]
-
-
 def test_two_optimizers_in_one_iteration_count_once(instrumented):
     """DCGAN: D on real, D on fake, D.step; G through D, G.step -- one step of
     two micro-batches (D's two backward passes before the first update)."""
