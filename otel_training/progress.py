@@ -39,8 +39,9 @@ class _Observed:
         from opentelemetry.metrics import Observation
 
         tracker = self.tracker() if self.tracker is not None else None
-        value = open_phase_seconds(tracker) if tracker is not None else 0.0
-        return [Observation(value, self.attributes)]
+        if tracker is None or (tracker.step is None and not tracker.assembler.steps):
+            return []  # no training here (yet): a torchrun launcher, a process that never steps
+        return [Observation(open_phase_seconds(tracker), self.attributes)]
 
 
 _OBSERVED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # meter -> _Observed

@@ -180,6 +180,11 @@ class StepAssembler:
         self._next += 1
         self._sink(step)
 
+    @property
+    def steps(self) -> int:
+        """Steps handed on so far."""
+        return self._next
+
     def _drop(self, piece: StepTimeline) -> None:
         if self._release is not None and piece.tokens:
             self._release(piece.tokens)

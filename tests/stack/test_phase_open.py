@@ -18,8 +18,16 @@ NAME = "training.phase.open.duration"
 
 
 def _value(tel) -> float:
-    (point,) = tel.points(NAME)
-    return point.value
+    """The gauge's value; 0 while it has no point (no step has begun yet)."""
+    points = tel.points(NAME)
+    assert len(points) <= 1, points
+    return points[0].value if points else 0.0
+
+
+def test_a_process_that_never_steps_exports_no_point(instrumented):
+    """A torchrun launcher, a process that never trains: no point without a rank."""
+    tel = instrumented()
+    assert tel.points(NAME) == []
 
 
 def _blocking_loader(release: threading.Event, block_at: int, n: int = 8):
