@@ -9,9 +9,10 @@
 #   3. Debian's `prometheus-alertmanager` package (it holds both binaries) from the
 #      `unstable` suite, fetched and unpacked into .tools exactly as
 #      scripts/install-prometheus.sh does (scripts/debian-packages.sh: a private,
-#      temporary apt state; nothing installed system-wide).
+#      temporary apt state; nothing installed system-wide). That binary looks for its
+#      templates in /usr/share/prometheus/alertmanager: see "relocated" below.
 #
-# .tools/bin/alertmanager is the binary under its upstream name.
+# .tools/bin/alertmanager runs the binary under its upstream name.
 # Exit status: 0 when both binaries are in place, 1 otherwise (with a reason).
 set -euo pipefail
 
@@ -48,11 +49,33 @@ fi
 DEBIAN_LOG_PREFIX=install-alertmanager
 . "$ROOT/scripts/debian-packages.sh"
 debian_unpack "$TOOLS/alertmanager-deb" "$SUITE" prometheus-alertmanager || exit 1
-src="$TOOLS/alertmanager-deb/usr/bin"
+deb="$TOOLS/alertmanager-deb"
+src="$deb/usr/bin"
 [ -x "$src/prometheus-alertmanager" ] && [ -x "$src/amtool" ] || {
     log "prometheus-alertmanager or amtool not found in $DEBIAN_FETCHED"; exit 1; }
-ln -sf "$src/prometheus-alertmanager" "$BIN/alertmanager"
 ln -sf "$src/amtool" "$BIN/amtool"
+# Debian's build reads its notification templates (default.tmpl) from the absolute
+# /usr/share/prometheus/alertmanager, which only a system-wide install provides. A copy
+# of the binary reads them from the relative usr//share/prometheus/alertmanager instead
+# (the same length, so the Go string stays valid; "//" is "/"), and a wrapper runs it
+# from the unpacked package, where that relative path holds the templates.
+python3 - "$src/prometheus-alertmanager" "$src/alertmanager-relocated" <<'PY' || exit 1
+import sys
+old, new = b"/usr/share/prometheus/alertmanager", b"usr//share/prometheus/alertmanager"
+data = open(sys.argv[1], "rb").read()
+if old not in data:
+    sys.exit("install-alertmanager: the template path is not in the binary: nothing to relocate")
+open(sys.argv[2], "wb").write(data.replace(old, new))
+PY
+chmod 755 "$src/alertmanager-relocated"
+rm -f "$BIN/alertmanager"
+{
+    echo '#!/bin/sh'
+    echo '# Debian'"'"'s Alertmanager, relocated by scripts/install-alertmanager.sh: it runs from'
+    echo '# its unpacked package, where it finds its templates. Give it absolute paths.'
+    printf 'cd "%s" && exec "%s" "$@"\n' "$deb" "$src/alertmanager-relocated"
+} > "$BIN/alertmanager"
+chmod 755 "$BIN/alertmanager"
 
 if installed; then
     log "installed $DEBIAN_FETCHED: $("$BIN/alertmanager" --version 2>&1 | head -n1)"

@@ -1,9 +1,9 @@
 """Fixtures of the stack tests: real Prometheus/promtool binaries, a real instrumented
 training run translated as Prometheus 3 would store it, and a Prometheus holding it.
 
-Binaries come from ``scripts/install-prometheus.sh`` (run here when missing). If it
-cannot obtain them the tests that need them skip, except under ``CI=true``, where
-they fail.
+Binaries come from ``scripts/install-prometheus.sh`` and
+``scripts/install-alertmanager.sh`` (run here when missing). If they cannot obtain them
+the tests that need them skip, except under ``CI=true``, where they fail.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tests.stack.promserver import ROOT, Prometheus, stack_config
 
 BIN = ROOT / ".tools" / "bin"
 INSTALL = ROOT / "scripts" / "install-prometheus.sh"
+INSTALL_ALERTMANAGER = ROOT / "scripts" / "install-alertmanager.sh"
 
 
 def _in_ci() -> bool:
@@ -51,6 +52,25 @@ def prom_bin() -> Path:
         proc = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=900)
         if not (_works(BIN / "prometheus") and _works(BIN / "promtool")):
             unavailable("scripts/install-prometheus.sh could not obtain Prometheus 3 and promtool: "
+                        + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+    return BIN
+
+
+def _runs_ok(binary: Path) -> bool:
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return False
+    return out.returncode == 0 and " version " in (out.stdout + out.stderr)
+
+
+@pytest.fixture(scope="session")
+def am_bin() -> Path:
+    """Directory holding alertmanager and amtool (scripts/install-alertmanager.sh)."""
+    if not (_runs_ok(BIN / "alertmanager") and _runs_ok(BIN / "amtool")):
+        proc = subprocess.run(["bash", str(INSTALL_ALERTMANAGER)], capture_output=True, text=True, timeout=900)
+        if not (_runs_ok(BIN / "alertmanager") and _runs_ok(BIN / "amtool")):
+            unavailable("scripts/install-alertmanager.sh could not obtain Alertmanager and amtool: "
                         + (proc.stderr.strip().splitlines() or ["no output"])[-1])
     return BIN
 

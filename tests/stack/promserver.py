@@ -34,12 +34,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stack_config(scrape_targets: List[str] = ()) -> dict:
-    """prometheus.yml with absolute rule paths, 1 s evaluation and only the given targets."""
+def stack_config(scrape_targets: List[str] = (), alertmanager: Optional[str] = None) -> dict:
+    """prometheus.yml with absolute rule paths, 1 s evaluation, only the given targets, and
+    alerts sent to the given Alertmanager (host:port) or nowhere."""
     config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
     config["global"]["evaluation_interval"] = "1s"
     config["global"]["scrape_interval"] = "1s"
     config["rule_files"] = [str(PROM_DIR / pattern) for pattern in config["rule_files"]]
+    if alertmanager:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    else:
+        config.pop("alerting", None)
     config["scrape_configs"] = [{
         "job_name": "exposition", "scrape_interval": "1s", "honor_labels": True,
         "static_configs": [{"targets": list(scrape_targets)}],
@@ -70,14 +75,15 @@ class Prometheus:
         if proc.returncode != 0:
             raise RuntimeError(f"promtool create-blocks-from failed: {proc.stderr or proc.stdout}")
 
-    def start(self, config: dict, timeout: float = 30.0) -> "Prometheus":
+    def start(self, config: dict, timeout: float = 30.0, extra_args: List[str] = ()) -> "Prometheus":
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(config))
-        self._proc = subprocess.Popen(
-            [self.prometheus, f"--config.file={cfg}", f"--storage.tsdb.path={self.data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage",
-             "--storage.tsdb.retention.time=30d"],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        with open(self.log, "w") as log:
+            self._proc = subprocess.Popen(
+                [self.prometheus, f"--config.file={cfg}", f"--storage.tsdb.path={self.data}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage",
+                 "--storage.tsdb.retention.time=30d", *extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -90,6 +96,13 @@ class Prometheus:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"prometheus not ready after {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def reload(self, config: dict) -> None:
+        """Apply a new configuration (needs ``--web.enable-lifecycle``)."""
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        req = urllib.request.Request(self.url + "/-/reload", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
 
     def stop(self) -> None:
         if self._proc is not None:

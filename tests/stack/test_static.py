@@ -51,6 +51,7 @@ def test_expected_images_and_versions():
     assert images["prom/prometheus"].startswith("v3.")
     assert images["grafana/tempo"].startswith("2.")
     assert "grafana/grafana" in images
+    assert images["prom/alertmanager"].startswith("v0.")
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
@@ -69,9 +70,134 @@ def test_config_mounted_read_only(name):
 
 def test_grafana_credentials_and_access():
     env = COMPOSE["services"]["grafana"]["environment"]
-    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:?set GRAFANA_ADMIN_PASSWORD}"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:-}"
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
     assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    # Grafana starts only once grafana-init has passed (see the next tests).
+    deps = COMPOSE["services"]["grafana"]["depends_on"]
+    assert deps["grafana-init"]["condition"] == "service_completed_successfully"
+
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)((?::?[-?+])[^}]*)?\}")
+
+
+def _interpolate(text: str, env: dict) -> str:
+    """Compose's variable interpolation (``$$`` escapes ``$``); raises like compose does
+    for ``${VAR:?message}`` / ``${VAR?message}`` when VAR is unset (or empty, with ``:``)."""
+    def one(match):
+        name, op = match.group(1), match.group(2) or ""
+        value = env.get(name)
+        if op.startswith(":-"):
+            return value if value else op[2:]
+        if op.startswith("-"):
+            return value if value is not None else op[1:]
+        if op.startswith(":?") or op.startswith("?"):
+            if (value is None) or (op.startswith(":") and not value):
+                raise ValueError(f"required variable {name} is missing a value: {op.lstrip(':?')}")
+            return value
+        if value is None:
+            return ""
+        return value
+    return _INTERPOLATION.sub(one, text.replace("$$", "\x00")).replace("\x00", "$")
+
+
+def _render(env: dict):
+    """docker-compose.yml as compose sees it: parsed, then every string interpolated."""
+    def walk(node):
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return _interpolate(node, env) if isinstance(node, str) else node
+    return walk(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+
+
+def test_compose_needs_no_variable_for_ps_logs_down():
+    """Compose interpolates the whole file for every command (ps, logs, down too): with
+    no variable set at all, nothing may be required."""
+    with pytest.raises(ValueError):  # (the check can fail: a required variable would)
+        _interpolate("${GRAFANA_ADMIN_PASSWORD:?set it}", {})
+    rendered = _render({})
+    grafana = rendered["services"]["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == ""
+    assert "127.0.0.1:3000:3000" in grafana["ports"]
+
+
+def _grafana_init(tmp_path, password, database_exists):
+    """Run grafana-init's check with a real shell, as compose would (``$$`` -> ``$``)."""
+    import subprocess
+
+    service = COMPOSE["services"]["grafana-init"]
+    entry = [_interpolate(part, {}) for part in service["entrypoint"]]
+    db = tmp_path / "grafana.db"
+    if database_exists:
+        db.write_text("")
+    env = {"PATH": "/usr/bin:/bin", "GRAFANA_DB": str(db)}
+    if password is not None:
+        env["GRAFANA_ADMIN_PASSWORD"] = password
+    return subprocess.run(entry, env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_first_up_refuses_to_start_grafana_without_a_password(tmp_path):
+    service = COMPOSE["services"]["grafana-init"]
+    assert service["image"] == COMPOSE["services"]["grafana"]["image"]
+    assert "grafana-data:/var/lib/grafana" in service["volumes"]
+    assert service["environment"]["GRAFANA_DB"] == "/var/lib/grafana/grafana.db"
+    refused = _grafana_init(tmp_path, None, database_exists=False)
+    assert refused.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in refused.stderr
+    assert _grafana_init(tmp_path, "", database_exists=False).returncode != 0
+    assert _grafana_init(tmp_path, "s3cret", database_exists=False).returncode == 0
+    # later `up`s: the password lives in Grafana's database already
+    assert _grafana_init(tmp_path, None, database_exists=True).returncode == 0
+
+
+PORT_VARIABLES = {"GRAFANA_PORT": 3000, "PROMETHEUS_PORT": 9090, "ALERTMANAGER_PORT": 9093,
+                  "TEMPO_PORT": 3200, "OTLP_GRPC_PORT": 4317, "OTLP_HTTP_PORT": 4318,
+                  "COLLECTOR_HEALTH_PORT": 13133}
+
+
+def test_each_host_port_has_its_variable():
+    seen = {}
+    for name, service in COMPOSE["services"].items():
+        for port in service.get("ports", []):
+            match = re.fullmatch(r"127\.0\.0\.1:\$\{(\w+):-(\d+)\}:(\d+)", str(port))
+            assert match, f"{name}: {port}"
+            seen[match.group(1)] = int(match.group(2))
+    assert seen == PORT_VARIABLES
+    stack_doc = (ROOT / "docs" / "stack.md").read_text()
+    for variable in PORT_VARIABLES:
+        assert f"`{variable}`" in stack_doc, variable
+    # the rendered ports with other values: one variable moves one port
+    moved = _render({"GRAFANA_PORT": "3300", "OTLP_GRPC_PORT": "14317"})
+    assert "127.0.0.1:3300:3000" in moved["services"]["grafana"]["ports"]
+    assert "127.0.0.1:14317:4317" in moved["services"]["otel-collector"]["ports"]
+    assert "127.0.0.1:9090:9090" in moved["services"]["prometheus"]["ports"]
+
+
+def test_prometheus_serves_the_runbooks_at_its_external_url():
+    prom = COMPOSE["services"]["prometheus"]
+    assert "--web.external-url=http://127.0.0.1:${PROMETHEUS_PORT:-9090}" in prom["command"]
+    assert "--web.user-assets=/usr/share/prometheus/user" in prom["command"]
+    assert "./docs/runbooks.md:/usr/share/prometheus/user/runbooks.md:ro" in prom["volumes"]
+
+
+# --- Tempo ------------------------------------------------------------------------------
+
+def test_tempo_metrics_generator_can_run_and_nothing_promises_a_service_graph():
+    tempo = yaml.safe_load((ROOT / "tempo" / "tempo.yaml").read_text())
+    generator = tempo["metrics_generator"]
+    # Without storage.path Tempo disables the metrics-generator entirely (TraceQL metrics fail).
+    assert generator["storage"]["path"].startswith("/var/tempo/")
+    assert generator["traces_storage"]["path"].startswith("/var/tempo/")
+    processors = tempo["overrides"]["defaults"]["metrics_generator"]["processors"]
+    assert "local-blocks" in processors
+    assert "tempo-data:/var/tempo" in COMPOSE["services"]["tempo"]["volumes"]
+    # A service graph needs the service-graphs processor writing to Prometheus.
+    ds = next(d for d in _datasources() if d["type"] == "tempo")["jsonData"]
+    if "serviceMap" in ds:
+        assert "service-graphs" in processors and generator["storage"].get("remote_write")
+    else:
+        assert "service-graphs" not in processors and not ds.get("nodeGraph", {}).get("enabled")
 
 
 def test_prometheus_flags_and_healthchecks():
@@ -135,6 +261,18 @@ def test_stack_collector_exports_to_tempo_and_prometheus():
     assert cfg["service"]["pipelines"]["metrics"]["exporters"] == ["otlp_http/prometheus"]
     protocols = cfg["receivers"]["otlp"]["protocols"]
     assert set(protocols) == {"grpc", "http"}
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "gateway.yaml"])
+def test_collector_metrics_are_where_prometheus_scrapes_them(name):
+    """The stack's Collector (or the gateway in its place) serves its own metrics on
+    :8888 of its container for Prometheus's otel-collector job: the Telemetry* alerts."""
+    (reader,) = _collector(name)["service"]["telemetry"]["metrics"]["readers"]
+    exporter = reader["pull"]["exporter"]["prometheus"]
+    assert (exporter["host"], exporter["port"]) == ("0.0.0.0", 8888)
+    prom = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prom["scrape_configs"] if j["job_name"] == "otel-collector")
+    assert job["static_configs"][0]["targets"] == ["otel-collector:8888"]
 
 
 def test_agent_and_gateway_use_tls_and_a_bearer_token():
