@@ -191,7 +191,7 @@ class DirectHarness:
     the tracker and the pipeline do."""
 
     def __init__(self, timer):
-        from otel_training.attribution import idle_between, synchronized_marks
+        from otel_training.aggregate.idle import idle_between, synchronized_marks
 
         self.timer, self._sync, self._idle = timer, synchronized_marks, idle_between
         self.marks, self.tokens, self.phases = [], [], []
@@ -247,7 +247,7 @@ class DirectHarness:
 
 
 def run_direct(loop, mode: str, steps: int, warmup: int) -> dict:
-    from otel_training.device_timing import make_timer
+    from otel_training.timing import make_timer
 
     if mode == "plain":
         return {"walls": _train(loop, steps, warmup)}

@@ -62,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    from otel_training import pipeline as pipeline_mod
+    from otel_training.aggregate import pipeline as pipeline_mod
     from otel_training import runtime
     from otel_training.instrumentor import TrainingInstrumentor
 

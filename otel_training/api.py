@@ -8,7 +8,7 @@ over step boundaries; DataLoader waits inside it become ``dataloader_next``).
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Literal
 
 from otel_training import runtime as _runtime
 
@@ -25,7 +25,7 @@ class step(contextlib.ContextDecorator):
                 rt.on_error("api", exc)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         rt = _runtime.current()
         if rt is not None:
             try:
@@ -60,20 +60,20 @@ class phase(contextlib.ContextDecorator):
                 rt.on_error("api", exc)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if self._opened:
             rt = _runtime.current()
             if rt is not None:
                 try:
-                    if exc is not None and rt.tracker.step is not None and rt.tracker.step.error is None:
-                        rt.tracker.step.error = exc
+                    if exc is not None:
+                        rt.tracker.record_error(exc)
                     rt.tracker.end_phase(self.name)
                 except Exception as err:
                     rt.on_error("api", err)
         return False
 
 
-def instrument(*, configure_sdk: Optional[bool] = None, **kwargs) -> None:
+def instrument(*, configure_sdk: bool | None = None, **kwargs) -> None:
     """Instrument this process from code (instead of ``opentelemetry-instrument``).
 
     When no OpenTelemetry SDK is configured yet (``configure_sdk`` None or True),

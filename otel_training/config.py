@@ -7,11 +7,11 @@ the variable and the accepted values; entry points print it and stop.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Mapping, Optional
 
 from otel_training import environment_variables as ev
-from otel_training.step_assembly import BOUNDARIES
+from otel_training.record.step_assembly import BOUNDARIES
 
 
 class ConfigError(ValueError):
@@ -73,7 +73,7 @@ def _choice(*choices: str):
     return parse
 
 
-def _path(name: str, raw: str) -> Optional[str]:
+def _path(name: str, raw: str) -> str | None:
     value = raw.strip()
     if not value:
         return None
@@ -94,8 +94,7 @@ def _integrations(name: str, raw: str) -> tuple:
     bad = [i for i in items if i not in _INTEGRATIONS]
     if bad:
         raise ConfigError(
-            f"{name}={raw!r} is not valid: use a comma-separated list of "
-            f"{', '.join(_INTEGRATIONS)}, or all, or none"
+            f"{name}={raw!r} is not valid: use a comma-separated list of {', '.join(_INTEGRATIONS)}, or all, or none"
         )
     return tuple(items)
 
@@ -108,7 +107,7 @@ class Config:
     trace_max_per_second: float = 20.0
     gpu_timing: str = "auto"
     summary: bool = False
-    summary_file: Optional[str] = None
+    summary_file: str | None = None
     hardware: bool = True
     hardware_interval: float = 1.0
     shutdown_timeout: float = 2.0
@@ -140,7 +139,7 @@ def variables() -> list:
     return [var for var, _ in _SPEC.values()]
 
 
-def load_config(environ: Optional[Mapping[str, str]] = None) -> Config:
+def load_config(environ: Mapping[str, str] | None = None) -> Config:
     """Read the configuration; raises ConfigError on the first malformed value."""
     env = os.environ if environ is None else environ
     values = {}

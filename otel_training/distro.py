@@ -15,10 +15,11 @@ import re
 import socket
 import sys
 import uuid
-from typing import MutableMapping, Optional
+from collections.abc import MutableMapping
+from typing import Any
 from urllib.parse import urlparse
 
-from opentelemetry.instrumentation.distro import BaseDistro
+from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
 from otel_training import processes
 
@@ -35,7 +36,7 @@ _GENERATED = "_OTEL_TRAINING_GENERATED_RESOURCE"
 
 
 def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
-    from otel_training.resource_info import run_id
+    from otel_training.export.identity import run_id
 
     environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
     environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
@@ -80,8 +81,7 @@ def _drop_inherited(attrs: str, environ: MutableMapping[str, str]) -> str:
             drop.add((key, value))
         elif key == "training.run.id" and environ.get("TORCHELASTIC_RUN_ID", value) != value:
             drop.add((key, value))
-    kept = [kv for kv in attrs.split(",")
-            if (kv.split("=", 1)[0].strip(), kv.split("=", 1)[-1].strip()) not in drop]
+    kept = [kv for kv in attrs.split(",") if (kv.split("=", 1)[0].strip(), kv.split("=", 1)[-1].strip()) not in drop]
     return ",".join(kept)
 
 
@@ -107,7 +107,7 @@ def _prepare_process(environ: MutableMapping[str, str] = os.environ) -> None:
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}")
 
 
-def endpoint_problem(value: str, protocol: str) -> Optional[str]:
+def endpoint_problem(value: str, protocol: str) -> str | None:
     """Why an OTLP endpoint cannot work (None if it can): a URL with an http(s) scheme,
     a host and a valid port -- or, for gRPC, also a bare ``host:port``."""
     v = value.strip()
@@ -115,7 +115,7 @@ def endpoint_problem(value: str, protocol: str) -> Optional[str]:
         return "blank" if not v else "contains spaces"
     try:
         parsed = urlparse(v)
-        parsed.port  # raises ValueError for a port out of range
+        _ = parsed.port  # raises ValueError for a port out of range
     except ValueError:
         return "bad port"
     if "://" in v:
@@ -132,15 +132,20 @@ def check_endpoints(environ: MutableMapping[str, str] = os.environ) -> None:
     signals it serves (instead of an error from the exporter at every export); training
     and the run-end summary are unaffected."""
     protocol = environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").strip()
-    for var, signals in (("OTEL_EXPORTER_OTLP_ENDPOINT", ("TRACES", "METRICS")),
-                         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ("TRACES",)),
-                         ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", ("METRICS",))):
+    for var, signals in (
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ("TRACES", "METRICS")),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ("TRACES",)),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", ("METRICS",)),
+    ):
         value = environ.get(var)
         if value is None:
             continue
-        used = [sig for sig in signals
-                if environ.get(f"OTEL_{sig}_EXPORTER", "otlp").strip() == "otlp"
-                and (var != "OTEL_EXPORTER_OTLP_ENDPOINT" or f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT" not in environ)]
+        used = [
+            sig
+            for sig in signals
+            if environ.get(f"OTEL_{sig}_EXPORTER", "otlp").strip() == "otlp"
+            and (var != "OTEL_EXPORTER_OTLP_ENDPOINT" or f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT" not in environ)
+        ]
         if not used:
             continue
         proto = environ.get(f"OTEL_EXPORTER_OTLP_{used[0]}_PROTOCOL", protocol).strip()
@@ -148,14 +153,18 @@ def check_endpoints(environ: MutableMapping[str, str] = os.environ) -> None:
             continue
         example = "http://localhost:4317" if proto == "grpc" else "http://localhost:4318"
         what = " and ".join(sig.lower() for sig in used)
-        print(f"otel-training: {var}={value!r} is not valid: use a URL such as {example} "
-              f"({what} will not be exported; training continues)", file=sys.stderr, flush=True)
+        print(
+            f"otel-training: {var}={value!r} is not valid: use a URL such as {example} "
+            f"({what} will not be exported; training continues)",
+            file=sys.stderr,
+            flush=True,
+        )
         for sig in used:
             environ[f"OTEL_{sig}_EXPORTER"] = "none"
 
 
 def _in_sitecustomize() -> bool:
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "sitecustomize":
             return True
@@ -207,9 +216,9 @@ class TrainingDistro(BaseDistro):
 def _sdk_configurator():
     """The SDK's standard configurator class, imported when first needed: the SDK's
     import is what a held child must not pay."""
-    from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+    from otel_training.export.sdk import standard_configurator
 
-    return _OTelSDKConfigurator
+    return standard_configurator()
 
 
 class TrainingConfigurator:

@@ -8,19 +8,23 @@ entry point, or called directly::
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from otel_training.config import ConfigError, load_config
 from otel_training.package import _instruments
+
+if TYPE_CHECKING:
+    from otel_training.runtime import Runtime
 
 
 class TrainingInstrumentor(BaseInstrumentor):
     """Times every training step by phase; samples hardware into gauges."""
 
-    _runtime = None
+    _runtime: Runtime | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -45,7 +49,7 @@ class TrainingInstrumentor(BaseInstrumentor):
         try:
             from otel_training import integrations
 
-            integrations.enable(config, runtime)
+            runtime.handles.add(integrations.enable(config, runtime))
         except ImportError:
             pass
         except Exception as exc:
@@ -54,14 +58,5 @@ class TrainingInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs):
         runtime = TrainingInstrumentor._runtime
         TrainingInstrumentor._runtime = None
-        try:
-            from otel_training import integrations
-
-            integrations.disable()
-        except ImportError:
-            pass
-        except Exception as exc:  # pragma: no cover
-            if runtime is not None:
-                runtime.on_error("integrations", exc)
         if runtime is not None:
-            runtime.uninstall()
+            runtime.uninstall()  # every handle, the integrations' too

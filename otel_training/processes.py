@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 ROLE_SPAWN = "spawn"  # a multiprocessing "spawn" child: a DataLoader worker or a rank
 ROLE_HELPER = "helper"  # the forkserver or the resource tracker: never instrumented
@@ -39,20 +40,20 @@ WORKER = "worker"  # a DataLoader worker: held set-up dropped, nothing runs
 RELEASED = "released"  # another spawned process: the held set-up ran
 HELPER = "helper"  # forkserver / resource tracker: held for good
 
-_state: Optional[str] = _NONE
+_state: str | None = _NONE
 _distro: Any = None
-_configurators: List[Tuple[Any, dict]] = []
-_instrumentors: List[Tuple[Any, dict]] = []
+_configurators: list[tuple[Any, dict]] = []
+_instrumentors: list[tuple[Any, dict]] = []
 _original_bootstrap: Any = None
 
 
-def _argv(argv: Optional[Sequence[str]]) -> List[str]:
+def _argv(argv: Sequence[str] | None) -> list[str]:
     if argv is None:
         argv = getattr(sys, "orig_argv", None) or sys.argv
     return list(argv)
 
 
-def multiprocessing_role(argv: Optional[Sequence[str]] = None) -> Optional[str]:
+def multiprocessing_role(argv: Sequence[str] | None = None) -> str | None:
     """What multiprocessing started this interpreter as, from its command line.
 
     ``spawn`` children run ``-c 'from multiprocessing.spawn import spawn_main; ...'
@@ -73,7 +74,7 @@ def multiprocessing_role(argv: Optional[Sequence[str]] = None) -> Optional[str]:
     return None
 
 
-def is_spawn_child(argv: Optional[Sequence[str]] = None) -> bool:
+def is_spawn_child(argv: Sequence[str] | None = None) -> bool:
     """Started by multiprocessing's ``spawn`` (its command line always ends with
     ``--multiprocessing-fork``): the process object will arrive."""
     return "--multiprocessing-fork" in _argv(argv)
@@ -82,13 +83,15 @@ def is_spawn_child(argv: Optional[Sequence[str]] = None) -> bool:
 def is_dataloader_worker(process: Any) -> bool:
     """``process`` runs torch's DataLoader worker loop."""
     target = getattr(process, "_target", None)
-    return (getattr(target, "__name__", None) == "_worker_loop"
-            and str(getattr(target, "__module__", "") or "").startswith("torch.utils.data"))
+    return getattr(target, "__name__", None) == "_worker_loop" and str(
+        getattr(target, "__module__", "") or ""
+    ).startswith("torch.utils.data")
 
 
 # -- holding -------------------------------------------------------------------------------
 
-def state() -> Optional[str]:
+
+def state() -> str | None:
     return _state
 
 
@@ -142,6 +145,7 @@ def reset() -> None:
 
 # -- the process object arrives -----------------------------------------------------------
 
+
 def _patch_bootstrap() -> None:
     global _original_bootstrap
     from multiprocessing import process
@@ -157,9 +161,9 @@ def _patch_bootstrap() -> None:
             _logger.debug("otel-training: set-up in the spawned child failed: %r", exc)
         return original(self, *args, **kwargs)
 
-    _bootstrap._otel_training_original = original
+    _bootstrap._otel_training_original = original  # type: ignore[attr-defined]
     _original_bootstrap = original
-    process.BaseProcess._bootstrap = _bootstrap
+    process.BaseProcess._bootstrap = _bootstrap  # type: ignore[attr-defined]
 
 
 def _unpatch_bootstrap() -> None:
@@ -171,7 +175,7 @@ def _unpatch_bootstrap() -> None:
 
     current = process.BaseProcess.__dict__.get("_bootstrap")
     if getattr(current, "_otel_training_original", None) is original:
-        process.BaseProcess._bootstrap = original
+        process.BaseProcess._bootstrap = original  # type: ignore[attr-defined]
 
 
 def decide(process: Any) -> None:
@@ -237,8 +241,8 @@ def _silence_foreign_sdk() -> None:
     try:
         from opentelemetry import metrics, trace
 
-        from otel_training.export_guard import ExportGuard
-        from otel_training.selftelemetry import SelfTelemetry
+        from otel_training.export.guard import ExportGuard
+        from otel_training.export.selftelemetry import SelfTelemetry
 
         ExportGuard(SelfTelemetry()).attach(trace.get_tracer_provider(), metrics.get_meter_provider()).silence(0.5)
     except Exception as exc:  # pragma: no cover - best effort

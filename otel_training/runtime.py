@@ -14,26 +14,27 @@ import sys
 import threading
 import time
 import weakref
-from typing import Optional
+from typing import Any
 
 from otel_training import processes
 from otel_training import semconv as sc
-from otel_training.capture import TailCapture
+from otel_training.aggregate.pipeline import Pipeline
+from otel_training.aggregate.sampling import TailCapture
+from otel_training.aggregate.summary import RunSummary, SummaryFile
 from otel_training.config import Config
-from otel_training.emit.metrics import StepMetrics
-from otel_training.export_guard import ROLE_HELPER, ROLE_SPAWN, ExportGuard, multiprocessing_role
-from otel_training.pipeline import Pipeline
-from otel_training.resource_info import process_info, run_id
-from otel_training.selftelemetry import SelfTelemetry
-from otel_training.coverage import self_check_line
-from otel_training.step_assembly import StepAssembler
-from otel_training.summary import RunSummary, render, write
-from otel_training.tracker import Tracker
+from otel_training.export.guard import ExportGuard
+from otel_training.export.identity import process_info, run_id
+from otel_training.export.metrics import StepMetrics
+from otel_training.export.selftelemetry import SelfTelemetry
+from otel_training.export.spans import StepSpans
+from otel_training.handles import Handles
+from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
+from otel_training.record.step_assembly import StepAssembler
+from otel_training.record.tracker import Tracker
 from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
-_CURRENT: Optional["Runtime"] = None
-_NOBODY = -1  # a thread ident no thread has: the tracker ignores every hook
+_CURRENT: Runtime | None = None
 
 
 def _after_fork_in_child(ref) -> None:
@@ -42,7 +43,7 @@ def _after_fork_in_child(ref) -> None:
         runtime.disable_in_child("fork")
 
 
-def _ending_exception(final: bool) -> Optional[BaseException]:
+def _ending_exception(final: bool) -> BaseException | None:
     """The exception that is ending the run, if any: the one being handled, or -- at
     interpreter exit, not in an interactive session -- the uncaught one Python
     reported (``sys.last_value``), e.g. from an optimizer step, which no hook wraps."""
@@ -52,7 +53,7 @@ def _ending_exception(final: bool) -> Optional[BaseException]:
     return None if isinstance(exc, SystemExit) else exc
 
 
-def current() -> Optional["Runtime"]:
+def current() -> Runtime | None:
     return _CURRENT
 
 
@@ -67,7 +68,7 @@ def _service_name(tracer_provider) -> str:
 
 class Runtime:
     def __init__(self, config: Config, tracer_provider, meter_provider) -> None:
-        from otel_training.device_timing import make_timer
+        from otel_training.timing import make_timer
 
         self.config = config
         self.telemetry = SelfTelemetry()
@@ -81,27 +82,38 @@ class Runtime:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         summary_info = {
-            "service": _service_name(tracer_provider), "run_id": run_id(), "host": self.info.host_name,
-            "rank": self.info.rank, "world_size": self.info.world_size, "pid": os.getpid(),
+            "service": _service_name(tracer_provider),
+            "run_id": run_id(),
+            "host": self.info.host_name,
+            "rank": self.info.rank,
+            "world_size": self.info.world_size,
+            "pid": os.getpid(),
         }
+        offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.pipeline = Pipeline(
-            tracer=tracer,
-            metrics=StepMetrics(meter, common, meter_provider, __version__,
-                                lambda exc: self.telemetry.internal_error("metrics", exc)),
+            spans=StepSpans(tracer, common, offset, self.telemetry),
+            metrics=StepMetrics(
+                meter,
+                common,
+                meter_provider,
+                __version__,
+                lambda exc: self.telemetry.internal_error("metrics", exc),
+                offset,
+            ),
             capture=TailCapture(config.trace_slow_factor, config.trace_every_n, config.trace_max_per_second),
             summary=RunSummary(summary_info, self.timer.mode),
             timer=self.timer,
             telemetry=self.telemetry,
-            span_attributes=common,
+            offset=offset,
         )
         self._started_ns = time.perf_counter_ns()
         self.tracker = Tracker(
-            StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release), self.timer)
-        self.module_hooks = None
-        self._handles: list = []
-        self._patcher = None
-        self.hardware = None
-        self.guard: Optional[ExportGuard] = None
+            StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release), self.timer
+        )
+        self.module_hooks: Any = None  # RootModuleHooks, once installed
+        self.handles = Handles()  # every attachment; uninstall removes them in reverse
+        self.hardware: Any = None  # HardwareMetrics, when sampling
+        self.guard: ExportGuard | None = None
         self.active = False
         self.role = multiprocessing_role()
         if self.role == ROLE_SPAWN and processes.released():
@@ -109,7 +121,7 @@ class Runtime:
             self.role = None
         self._closed = False
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
-        self._summary_file_ok = True
+        self.summary_file = SummaryFile(config.summary_file, self.info.rank)
 
     # -- wiring -------------------------------------------------------------------------
     def on_error(self, component: str, exc: BaseException) -> None:
@@ -120,26 +132,27 @@ class Runtime:
             # The forkserver or the resource tracker: nothing to time, nothing to export.
             self._closed = True
             return
-        from otel_training.hooks.modules import RootModuleHooks
-        from otel_training.hooks.patching import Patcher
-        from otel_training.hooks.torch_hooks import install_torch_hooks
+        from otel_training.record.module_hooks import RootModuleHooks
+        from otel_training.record.torch_hooks import install_torch_hooks
 
-        self._patcher = Patcher()
-        self.module_hooks = RootModuleHooks(self.tracker, self.on_error)
+        handles = self.handles
+        tracker = self.tracker
+        self.module_hooks = handles.add(RootModuleHooks(tracker, self.on_error))
         self.module_hooks.arm()
-        self.tracker.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
+        tracker.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
         # A new loop often brings a new model (a checkpoint loaded for evaluation, an
         # EMA copy): discovery watches its first step, so its first forward is seen.
-        self.tracker.on_loop = self.module_hooks.arm
-        self._handles = install_torch_hooks(self.tracker, self._patcher, self.on_error)
+        tracker.on_loop = self.module_hooks.arm
+        handles.on_remove(self._unhook_tracker, "tracker callbacks")
+        install_torch_hooks(tracker, handles, self.on_error)
         self.pipeline.start()
         try:
-            self.guard = ExportGuard(self.telemetry).attach(self.tracer_provider, self.meter_provider)
+            self.guard = handles.add(ExportGuard(self.telemetry).attach(self.tracer_provider, self.meter_provider))
             self.telemetry.register(self._meter, self._common)
         except Exception as exc:
             self.on_error("export_guard", exc)
         try:
-            from otel_training import progress
+            from otel_training.export import progress
 
             progress.register(self._meter, self.tracker, self._common)
         except Exception as exc:
@@ -148,35 +161,39 @@ class Runtime:
             try:
                 from otel_training.hardware import start_hardware_metrics
 
-                self.hardware = start_hardware_metrics(
-                    self.meter_provider, self.config, host_name=self.info.host_name)
+                self.hardware = start_hardware_metrics(self.meter_provider, self.config, host_name=self.info.host_name)
             except Exception as exc:
                 self.on_error("hardware", exc)
         global _CURRENT
         _CURRENT = self
         self.active = True
         atexit.register(self.shutdown)
+        handles.on_remove(lambda: atexit.unregister(self.shutdown), "atexit")
         self._install_process_handlers()
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
-            self._check_summary_file()
+            self.summary_file.check()
 
     def _install_process_handlers(self) -> None:
         """Fork, spawn and SIGTERM: workers stay silent, a terminated job still flushes."""
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=lambda ref=weakref.ref(self): _after_fork_in_child(ref))
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _after_fork_in_child(ref))
         if self.role == ROLE_SPAWN:
             # A spawned child ran sitecustomize like its parent; only once the process
             # object arrives do we learn whether it is a DataLoader worker.
             try:
                 import multiprocessing.process as mp_process
 
-                self._patcher.wrap(mp_process.BaseProcess, "run", self._process_run_wrapper)
+                self.handles.wrap(mp_process.BaseProcess, "run", self._process_run_wrapper)
             except Exception as exc:
                 self.on_error("workers", exc)
         try:
-            if (threading.current_thread() is threading.main_thread()
-                    and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            if (
+                threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            ):
                 signal.signal(signal.SIGTERM, self._on_sigterm)
+                self.handles.on_remove(self._restore_sigterm, "SIGTERM")
         except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
             self.on_error("signals", exc)
 
@@ -190,37 +207,8 @@ class Runtime:
             except Exception as exc:  # pragma: no cover
                 self.on_error("workers", exc)
         elif not self._closed:
-            self._check_summary_file()  # e.g. a rank started by torch.multiprocessing.spawn
+            self.summary_file.check()  # e.g. a rank started by torch.multiprocessing.spawn
         return wrapped(*args, **kwargs)
-
-    def _summary_path(self) -> str:
-        path = self.config.summary_file or ""
-        return path.replace("{rank}", str(self.info.rank)).replace("{pid}", str(os.getpid()))
-
-    def _check_summary_file(self) -> None:
-        """Find out now, not after the run, that ``OTEL_TRAINING_SUMMARY_FILE`` cannot be
-        written: one line, and no second one at the end. A missing folder is created."""
-        if not self.config.summary_file:
-            return
-        import tempfile
-
-        path = self._summary_path()
-        try:
-            if os.path.isdir(path):
-                raise IsADirectoryError(21, "Is a directory")
-            directory = os.path.dirname(os.path.abspath(path))
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=directory, prefix=".otel-training-probe-"):
-                pass
-        except OSError as exc:
-            self._summary_file_ok = False
-            self._summary_file_error(exc)
-
-    def _summary_file_error(self, exc: OSError) -> None:
-        reason = exc.strerror or type(exc).__name__
-        print(f"otel-training: OTEL_TRAINING_SUMMARY_FILE={self.config.summary_file!r} cannot be "
-              f"written ({reason}): use a writable file path (no summary file for this run; "
-              f"training continues)", file=sys.stderr, flush=True)
 
     def _on_sigterm(self, signum, frame) -> None:
         """Flush within the shutdown budget, then die of SIGTERM as if we were not here.
@@ -250,21 +238,15 @@ class Runtime:
         forked = why == "fork"
         if forked:  # a lock some parent thread held at the fork stays held here forever
             self._lock = threading.RLock()
-            self.telemetry._lock = threading.RLock()
+            self.telemetry.after_fork()
         with self._lock:
             self._closed = True
         self.active = False
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
-        tracker = self.tracker
-        tracker.thread = _NOBODY
-        tracker.step = None
-        pipeline = self.pipeline
-        pipeline._queue.clear()
-        pipeline._stop = True
-        if not forked:  # a spawned worker started its own pipeline thread: wake it to leave
-            pipeline._wake.set()
+        self.tracker.disable()
+        self.pipeline.abandon(wake=not forked)  # a spawned worker started its own pipeline thread
         if self.guard is not None:
             self.guard.silence(join_timeout=0.0 if forked else 0.5)
         if self.hardware is not None and not forked:
@@ -276,32 +258,28 @@ class Runtime:
                 self.on_error("hardware", exc)
 
     def uninstall(self) -> None:
-        """Remove every hook and patch (exact restore); telemetry so far is flushed."""
+        """Remove every attachment, the last made first (exact restore); telemetry so
+        far is flushed."""
         self.shutdown(final=False)
-        self.tracker.after_step = None  # a later manual step() must not re-arm discovery
-        self.tracker.on_loop = None
-        if self.module_hooks is not None:
-            self.module_hooks.remove()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        if self._patcher is not None:
-            self._patcher.undo()
-        if self.guard is not None:
-            self.guard.detach()
-        try:
-            if (threading.current_thread() is threading.main_thread()
-                    and signal.getsignal(signal.SIGTERM) == self._on_sigterm):
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        except (ValueError, OSError):  # pragma: no cover
-            pass
+        self.handles.remove(lambda exc: self.on_error("uninstall", exc))
         self.active = False
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
+
+    def _unhook_tracker(self) -> None:
+        # A later manual step() must not re-arm discovery.
+        self.tracker.after_step = None
+        self.tracker.on_loop = None
+
+    def _restore_sigterm(self) -> None:
         try:
-            atexit.unregister(self.shutdown)
-        except Exception:  # pragma: no cover
+            if (
+                threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) == self._on_sigterm
+            ):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # pragma: no cover
             pass
 
     # -- end of run -------------------------------------------------------------------------
@@ -383,17 +361,17 @@ class Runtime:
 
     def _report(self) -> None:
         try:
+            from otel_training.cli.render import render_summary, self_check_line
+
             summary = self.summary_dict()
             if self.config.summary and summary["modes"]:
-                print(render(summary), file=sys.stderr, flush=True)
+                print(render_summary(summary), file=sys.stderr, flush=True)
             else:  # the self-check speaks without being asked
                 for finding in summary["self_check"]:
                     print(self_check_line(finding), file=sys.stderr, flush=True)
             # A process that timed no step (an instrumented torchrun launcher) has no
             # summary to give -- and without RANK it would overwrite rank 0's file.
-            if self.config.summary_file and self._summary_file_ok and summary["modes"]:
-                write(summary, self.config.summary_file)
-        except OSError as exc:
-            self._summary_file_error(exc)
+            if summary["modes"]:
+                self.summary_file.write(summary)
         except Exception as exc:
             self.on_error("summary", exc)

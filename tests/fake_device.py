@@ -19,8 +19,8 @@ import struct
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from otel_training.device_timing import DeviceTimer, DeviceTimes
-from otel_training.timeline import PhaseRecord, StepTimeline
+from otel_training.timing.device import DeviceTimer, DeviceTimes
+from otel_training.record.timeline import PhaseRecord, StepTimeline
 
 MS = 1_000_000
 US = 1_000

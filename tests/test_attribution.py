@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from otel_training.attribution import (
+from otel_training.aggregate.idle import (
     BUSY_TOLERANCE_NS, idle_between, interval_idle, synchronized_marks,
 )
-from otel_training.device_timing import DeviceTimes, SyncTimer
+from otel_training.timing.device import DeviceTimes
+from otel_training.timing.sync import SyncTimer
 from tests.fake_device import MS, US, OracleTimer, SimBackend, SimDevice, SimLoop
 
 

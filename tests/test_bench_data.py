@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_training.bench_data import main
-from otel_training.bench_data.export import export
+from otel_training.cli.bench_data import main
+from otel_training.cli.bench_data.export import export
 from tests.otlp_receiver import OTLPReceiver, attributes, data_points
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def test_cli_exports_over_otlp(data_module):
         env.pop("OTEL_METRICS_EXPORTER", None)
         env.pop("OTEL_SERVICE_NAME", None)
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "-c", "import sys; from otel_training.bench_data import main; "
+        proc = subprocess.run([sys.executable, "-c", "import sys; from otel_training.cli.bench_data import main; "
                                "sys.exit(main(sys.argv[1:]))", "benchdata_mod:images", "--workers", "0",
                                "--seconds", "0.2", "--samples", "4", "--quiet"],
                               env=env, cwd=data_module, capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from otel_training.capture import TailCapture
+from otel_training.aggregate.sampling import TailCapture
 from tests.conftest import make_dataset, make_model, spin, train_step
 
 MS = 1_000_000
@@ -250,7 +250,7 @@ def test_uncaught_exception_in_user_code_marks_the_last_step(tmp_path):
 def test_flush_returns_only_once_the_counters_are_added(instrumented, monkeypatch):
     """The pipeline adds a batch's step and sample counters after its steps; a flush
     must wait for that too, or a collection right after it misses them."""
-    from otel_training.emit.metrics import StepMetrics
+    from otel_training.export.metrics import StepMetrics
 
     slow_flush = StepMetrics.flush
 

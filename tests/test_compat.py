@@ -237,7 +237,7 @@ def test_compile_with_inductor(instrumented):
 def _patched_objects():
     from torch.optim import lr_scheduler
 
-    from otel_training.hooks.torch_hooks import _subclasses
+    from otel_training.record.torch_hooks import _subclasses
 
     objs = [torch.Tensor, torch._C.TensorBase, dataloader_mod.DataLoader, dataloader_mod._BaseDataLoaderIter,
             torch.autograd, torch.distributed, torch.nn.Module, torch.amp.GradScaler]

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from otel_training.attribution import idle_between, synchronized_marks
-from otel_training.cuda_events import CudaEventTimer, OffsetEstimator
-from otel_training.device_timing import DeviceTimer, SyncTimer, make_timer
+from otel_training.aggregate.idle import idle_between, synchronized_marks
+from otel_training.timing.cuda_events import CudaEventTimer, OffsetEstimator
+from otel_training.timing import make_timer
+from otel_training.timing.device import DeviceTimer
+from otel_training.timing.sync import SyncTimer
 from tests.fake_device import MS, US, OracleTimer, SimBackend, SimDevice, SimLoop
 
 
@@ -348,8 +350,8 @@ def test_make_timer_with_a_backend_and_bad_options():
 def test_package_imports_and_falls_back_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from otel_training.device_timing import make_timer\n"
-        "import otel_training.cuda_events, otel_training.attribution\n"
+        "from otel_training.timing import make_timer\n"
+        "import otel_training.timing.cuda_events, otel_training.aggregate.idle\n"
         "t = make_timer('auto'); assert t.mark() is None and t.mode == 'off', t\n"
         "assert make_timer('events').mode == 'off'\n"
         "assert make_timer('sync').mode == 'off'\n"

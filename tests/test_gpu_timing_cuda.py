@@ -13,9 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from otel_training.attribution import idle_between  # noqa: E402
-from otel_training.cuda_events import CudaEventTimer  # noqa: E402
-from otel_training.device_timing import SyncTimer, make_timer  # noqa: E402
+from otel_training.aggregate.idle import idle_between  # noqa: E402
+from otel_training.timing.cuda_events import CudaEventTimer  # noqa: E402
+from otel_training.timing import make_timer  # noqa: E402
+from otel_training.timing.sync import SyncTimer  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

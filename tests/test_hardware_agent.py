@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_training import agent
+from otel_training.cli import agent
 from tests.fake_pynvml import FakeGpu, fake_nvml  # noqa: F401 (fixture)
 from tests.otlp_receiver import OTLPReceiver, attributes, data_points, free_port
 
@@ -88,7 +88,7 @@ def test_sigterm_stops_the_agent(tmp_path):
     environ.update(PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path),
                    OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
                    OTEL_TRAINING_SHUTDOWN_TIMEOUT="0.5")
-    proc = subprocess.Popen([sys.executable, "-m", "otel_training.agent", "--interval", "0.1"],
+    proc = subprocess.Popen([sys.executable, "-m", "otel_training.cli.agent", "--interval", "0.1"],
                             cwd=ROOT, env=environ, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20

@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics.view import (ExplicitBucketHistogramAggregation,
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_training import semconv as sc
-from otel_training.emit.metrics import StepMetrics
+from otel_training.export.metrics import StepMetrics
 
 COMMON = {"host.name": "node-a"}
 PHASES = [("dataloader_next", "step"), ("forward", "train_batch"), ("backward", "train_batch"),

@@ -20,7 +20,7 @@ from tests.conftest import run_script_for_summary
 L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
 import torch  # noqa: E402
 
-from otel_training.verdict import diagnose  # noqa: E402
+from otel_training.cli.verdict import diagnose  # noqa: E402
 
 SLOW_S = 0.05
 SLOW = "callback.SlowLoggingCallback.on_train_batch_end"
@@ -203,7 +203,7 @@ def test_lightning_imported_after_instrumentation(tmp_path):
     summary, phases = run_script_for_summary(tmp_path, SCRIPT, OTEL_TRAINING_INTEGRATIONS="lightning")
     assert summary["modes"]["train"]["steps"] == 4
     assert phases["callback.Slow.on_train_batch_end"]["count"] == 4
-    out = subprocess.run([sys.executable, "-c", "import sys; from otel_training.report import main; "
+    out = subprocess.run([sys.executable, "-c", "import sys; from otel_training.cli.report import main; "
                           "sys.exit(main(sys.argv[1:]))", "--summary", str(tmp_path / "s.json")],
                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -15,13 +15,52 @@ from opentelemetry.trace import StatusCode
 from torch.utils.data import DataLoader, Dataset
 
 import otel_training
-from otel_training.tracker import Tracker
+from otel_training.record.tracker import Tracker
 from tests.conftest import make_dataset, make_model
 
-# Every method of the tracker (the hooks' only entry into our state machine).
-TRACKER_METHODS = sorted(
-    name for name, fn in vars(Tracker).items()
-    if inspect.isfunction(fn) and not name.startswith("__"))
+# The hook entry points -- (module, function) of ours that torch, the user or the SDK
+# calls -- and the tracker method each calls into. A fault is planted in that method
+# for calls from that entry point only; tests/test_reliability_faults.py checks the
+# table covers every pair a real loop exercises.
+ENTRY_POINTS = [
+    ("otel_training.record.torch_hooks", "iter_wrapper", "loader_iter_begin"),
+    ("otel_training.record.torch_hooks", "iter_wrapper", "on_training_thread"),
+    ("otel_training.record.torch_hooks", "iter_wrapper", "now"),
+    ("otel_training.record.torch_hooks", "next_wrapper", "loader_next_begin"),
+    ("otel_training.record.torch_hooks", "next_wrapper", "loader_next_end"),
+    ("otel_training.record.torch_hooks", "next_wrapper", "loader_stopped"),
+    ("otel_training.record.torch_hooks", "opt_pre", "optimizer_pre"),
+    ("otel_training.record.torch_hooks", "opt_post", "optimizer_post"),
+    ("otel_training.record.torch_hooks", "<lambda>", "begin_phase"),  # LR schedulers, .item()
+    ("otel_training.record.torch_hooks", "<lambda>", "backward_begin"),
+    ("otel_training.record.torch_hooks", "wrapper", "end_phase"),
+    ("otel_training.record.module_hooks", "_discover", "on_training_thread"),
+    ("otel_training.record.module_hooks", "_begin", "forward_begin"),
+    ("otel_training.record.module_hooks", "_end", "end_phase"),
+    ("otel_training.api", "__enter__", "on_training_thread"),
+    ("otel_training.api", "__enter__", "start_step"),
+    ("otel_training.api", "__enter__", "begin_phase"),
+    ("otel_training.api", "__exit__", "finish_step"),
+    ("otel_training.api", "__exit__", "end_phase"),
+    ("otel_training.export.progress", "open_phase_seconds", "open_phase_start"),
+    ("otel_training.runtime", "shutdown", "close"),
+]
+_OURS = ("otel_training.record.tracker", "otel_training.record.phase_stack")
+
+
+def _plant(tracker, fires) -> None:
+    """Wrap every tracker method: ``fires(module, caller, method)`` says whether a call
+    from that frame raises ``Injected`` (else it runs as usual)."""
+    for method in [n for n, f in inspect.getmembers(type(tracker), inspect.isfunction) if not n.startswith("__")]:
+        original = getattr(tracker, method)
+
+        def planted(*args, _original=original, _method=method, **kwargs):
+            frame = sys._getframe(1)
+            if fires(frame.f_globals.get("__name__", ""), frame.f_code.co_name, _method):
+                raise Injected(f"planted in Tracker.{_method}")
+            return _original(*args, **kwargs)
+
+        setattr(tracker, method, planted)
 
 
 class Injected(RuntimeError):
@@ -69,76 +108,91 @@ def _same(result, reference) -> None:
     assert all(torch.equal(a, b) for a, b in zip(params, reference[1]))
 
 
-@pytest.mark.parametrize("method", TRACKER_METHODS)
-def test_a_fault_in_any_tracker_method_is_contained_and_counted(instrumented, reference, method):
+def test_the_entry_points_cover_every_call_from_a_hook_into_the_tracker(instrumented):
     tel = instrumented()
-    calls = []
+    seen = set()
 
-    def broken(*args, **kwargs):
-        calls.append(method)
-        raise Injected(f"planted in Tracker.{method}")
+    def record(module, caller, method):
+        if not module.startswith(_OURS):  # calls between tracker methods are not entries
+            seen.add((module, caller, method))
+        return False
 
-    setattr(tel.tracker, method, broken)
-    _same(training_loop(), reference)  # no exception reached the loop; same numbers
-    errors = tel.runtime.telemetry.errors
-    if calls:  # called directly by a hook, or by a tracker method a hook called
-        assert sum(errors.values()) >= 1, f"{len(calls)} faults in {method}, none counted: {dict(errors)}"
+    _plant(tel.tracker, record)
+    training_loop()
     tel.uninstrument()
+    assert seen, "no call reached the tracker"
+    assert seen <= set(ENTRY_POINTS), f"entry points without a fault case: {sorted(seen - set(ENTRY_POINTS))}"
 
 
-def test_a_fault_in_the_pipeline_is_contained_and_counted(instrumented, reference):
+@pytest.mark.parametrize("module,caller,method", ENTRY_POINTS, ids=[f"{c}->{m}" for _, c, m in ENTRY_POINTS])
+def test_a_fault_behind_any_hook_entry_point_is_contained_and_counted(instrumented, reference, module, caller,
+                                                                      method):
     tel = instrumented()
+    fired = []
 
-    def broken(step):
-        raise Injected("planted in Pipeline.process")
+    def fires(mod, who, name):
+        if (mod, who, name) == (module, caller, method):
+            fired.append(name)
+            return True
+        return False
 
-    tel.runtime.pipeline.process = broken
+    _plant(tel.tracker, fires)
+    _same(training_loop(), reference)  # no exception reached the loop; same numbers
+    tel.uninstrument()  # (shutdown: the entry point that closes the tracker)
+    assert fired, f"the fault planted behind {caller} -> {method} never fired"
+    errors = tel.runtime.telemetry.errors
+    assert sum(errors.values()) >= 1, f"{len(fired)} faults behind {caller}, none counted: {dict(errors)}"
+
+
+@pytest.mark.parametrize("consumer", ["summary", "coverage", "spans", "metrics"])
+def test_a_fault_in_a_consumer_is_contained_and_the_others_still_get_every_step(instrumented, reference,
+                                                                               monkeypatch, consumer):
+    """Each consumer takes batches of step records: one that raises loses only its own
+    share, counted; the loop never sees it, and the run summary still counts every step."""
+    from otel_training.aggregate.coverage import Coverage
+    from otel_training.aggregate.summary import RunSummary
+    from otel_training.export.metrics import StepMetrics
+    from otel_training.export.spans import StepSpans
+
+    cls = {"summary": RunSummary, "coverage": Coverage, "spans": StepSpans, "metrics": StepMetrics}[consumer]
+    fired = []
+
+    def broken(self, *args, **kwargs):
+        fired.append(1)
+        raise Injected(f"planted in {cls.__name__}.add")
+
+    monkeypatch.setattr(cls, "add", broken)
+    tel = instrumented()
     _same(training_loop(), reference)
     tel.flush()
-    assert tel.runtime.telemetry.errors["pipeline"] >= 1
-
-
-@pytest.mark.parametrize("where", ["add", "flush"])
-def test_a_fault_in_the_shape_lane_is_contained_and_counted(instrumented, reference, where):
-    """Untraced steps go by shape (``Shapes.add``, then ``Shapes.flush``): a bug
-    in either never reaches the loop; one in ``add`` loses no step (it goes the
-    per-step way), one in ``flush`` is counted and does not stall flushes."""
-    tel = instrumented(trace_every_n=0, trace_slow_factor=0)  # only the first step is traced
-    shapes = tel.runtime.pipeline._shapes
-    assert shapes is not None
-    calls = []
-
-    def broken(*args, **kwargs):
-        calls.append(1)
-        raise Injected(f"planted in Shapes.{where}")
-
-    setattr(shapes, where, broken)
-    _same(training_loop(), reference)
-    tel.flush()
-    assert calls and tel.runtime.telemetry.errors["pipeline"] >= 1
-    if where == "flush":  # what it could not add is counted as dropped, and flushes still end
-        assert tel.runtime.telemetry.steps_dropped >= 1
-    else:
+    assert fired and tel.runtime.telemetry.errors["pipeline"] >= 1
+    if consumer != "summary":
         train = tel.runtime.summary_dict()["modes"]["train"]
         assert train["steps"] == 9  # 2 epochs of 4 steps, and the manual one
         assert {p["name"] for p in train["phases"]} >= {"dataloader_next", "forward", "augment"}
+    if consumer != "spans":
+        assert tel.spans(), "spans stopped with another consumer's fault"
 
 
-def test_a_fault_while_building_spans_is_contained(instrumented, reference, monkeypatch):
+def test_a_fault_while_resolving_a_step_is_contained_and_counted(instrumented, reference, monkeypatch):
+    from otel_training.aggregate.record import Resolver
+
+    fired = []
+
+    def broken(self, step):
+        fired.append(1)
+        raise Injected("planted in Resolver.resolve")
+
+    monkeypatch.setattr(Resolver, "resolve", broken)
     tel = instrumented()
-
-    def broken(*args, **kwargs):
-        raise Injected("planted in emit_step_spans")
-
-    monkeypatch.setattr("otel_training.pipeline.emit_step_spans", broken)
     _same(training_loop(), reference)
     tel.flush()
-    assert tel.runtime.telemetry.errors["pipeline"] >= 1
+    assert fired and tel.runtime.telemetry.errors["pipeline"] >= 1
 
 
 def test_faults_are_summarised_at_run_end(instrumented):
     tel = instrumented()
-    setattr(tel.tracker, "loader_next_end", lambda *a, **k: (_ for _ in ()).throw(Injected("x")))
+    _plant(tel.tracker, lambda module, caller, method: method == "loader_next_end")
     training_loop()
     tel.uninstrument()
     summary = tel.runtime.summary_dict()

@@ -29,10 +29,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import otel_training
 from otel_training import semconv as sc
 from otel_training.config import load_config
-from otel_training.export_guard import _RETRY_LOGGERS, ExportGuard
+from otel_training.export.guard import _RETRY_LOGGERS, ExportGuard
 from otel_training.instrumentor import TrainingInstrumentor
-from otel_training.selftelemetry import SelfTelemetry
-from otel_training.summary import render
+from otel_training.export.selftelemetry import SelfTelemetry
+from otel_training.cli.render import render_summary as render
 from tests.conftest import manual_steps
 
 CONFIG = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,

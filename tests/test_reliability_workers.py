@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_training
 from otel_training.config import load_config
-from otel_training.export_guard import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
+from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from otel_training.instrumentor import TrainingInstrumentor
 from tests.otlp_receiver import OTLPReceiver, attributes, data_points
 from tests.scripts.harness import instrumented, otel_env, run

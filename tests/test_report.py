@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_training.report import main
+from otel_training.cli.report import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / ".tools" / "bin" / "prometheus"

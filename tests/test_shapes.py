@@ -1,5 +1,6 @@
-"""Steps queued by shape (``otel_training/shapes.py``) give exactly what the
-per-step path gives: the same run summary and the same histogram points."""
+"""Untraced steps are queued for the histograms a layout run at a time
+(``export/metric_shapes.py``); traced steps one by one, with exemplars. Both give
+exactly the same run summary and the same histogram points."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_training import semconv as sc
-from otel_training import shapes as shapes_mod
-from otel_training.capture import TailCapture
-from otel_training.device_timing import DeviceTimer
-from otel_training.emit.metrics import StepMetrics
-from otel_training.pipeline import Pipeline
-from otel_training.selftelemetry import SelfTelemetry
-from otel_training.summary import RunSummary
-from otel_training.tracker import Tracker
+from otel_training.aggregate import record as record_mod
+from otel_training.aggregate.pipeline import Pipeline
+from otel_training.aggregate.sampling import TailCapture
+from otel_training.aggregate.summary import RunSummary
+from otel_training.export.metrics import StepMetrics
+from otel_training.export.selftelemetry import SelfTelemetry
+from otel_training.export.spans import StepSpans
+from otel_training.record.tracker import Tracker
+from otel_training.timing.device import DeviceTimer
 
 
 class _Clock:
@@ -32,18 +34,18 @@ class _Clock:
         return self.now
 
 
-def _pipeline(by_shape: bool):
+def _pipeline(trace_all: bool):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     metrics = StepMetrics(provider.get_meter(sc.SCOPE, "1"), {"host.name": "h"}, provider, "1")
-    assert metrics.fast
-    pipeline = Pipeline(tracer=TracerProvider().get_tracer("t"), metrics=metrics,
-                        capture=TailCapture(0, 10, 1e9), summary=RunSummary({}, "off"),
-                        timer=DeviceTimer(), telemetry=SelfTelemetry(), span_attributes={})
-    assert pipeline._shapes is not None  # binned histograms: steps go by shape
-    if not by_shape:
-        pipeline._shapes = None
-    return pipeline, reader
+    assert metrics.fast  # binned histograms: untraced steps go by layout run
+    telemetry = SelfTelemetry()
+    # Every step traced (one by one, with exemplars), or only the first.
+    capture = TailCapture(0, 1, 1e12) if trace_all else TailCapture(0, 0, 1e9)
+    pipeline = Pipeline(spans=StepSpans(TracerProvider().get_tracer("t"), {}, 0, telemetry), metrics=metrics,
+                        capture=capture, summary=RunSummary({}, "off"), timer=DeviceTimer(),
+                        telemetry=telemetry, offset=0)
+    return pipeline, reader, telemetry
 
 
 def _run(tracker: Tracker, seed: int) -> None:
@@ -93,11 +95,11 @@ def _points(reader) -> dict:
     return out
 
 
-def test_steps_by_shape_add_up_as_steps_one_by_one(monkeypatch):
-    monkeypatch.setattr(shapes_mod, "_MAX_SHAPES", 8)  # the one-off shapes overflow it
+def test_steps_by_layout_run_add_up_as_steps_one_by_one(monkeypatch):
+    monkeypatch.setattr(record_mod, "_MAX_LAYOUTS", 8)  # the one-off layouts overflow it
     results = []
-    for by_shape in (True, False):
-        pipeline, reader = _pipeline(by_shape)
+    for trace_all in (False, True):
+        pipeline, reader, telemetry = _pipeline(trace_all)
         tracker = Tracker(pipeline.submit, DeviceTimer(), clock=_Clock(seed=3))
         _run(tracker, seed=11)
         assert pipeline.flush(5.0)  # no thread started: drains here
@@ -105,11 +107,8 @@ def test_steps_by_shape_add_up_as_steps_one_by_one(monkeypatch):
         for mode in summary["modes"].values():
             mode["phases"].sort(key=lambda p: (p["name"], p["parent"]))
         results.append((summary["modes"], _points(reader)))
-        if by_shape:
-            shapes = pipeline._shapes._shapes
-            assert len(shapes[sc.MODE_TRAIN]) == 8  # bounded; the rest went one by one
-            assert None in shapes[sc.MODE_TRAIN].values()  # the shape with a phase named "step"
-            assert any(s is not None for s in shapes[sc.MODE_EVAL].values())
+        assert (telemetry.spans_created > 400) == trace_all
+        assert sum(telemetry.errors.values()) == 0
     (modes, points), (modes_1by1, points_1by1) = results
     assert modes == modes_1by1
     assert points == points_1by1
@@ -120,15 +119,19 @@ def test_steps_by_shape_add_up_as_steps_one_by_one(monkeypatch):
     assert len(hist) == len(phases) + len(modes[sc.MODE_EVAL]["phases"])
 
 
-def test_the_summary_keeps_a_bounded_sample_of_durations_in_both_paths(monkeypatch):
-    from otel_training import summary as summary_mod
+def test_the_summary_keeps_a_bounded_sample_of_durations(monkeypatch):
+    from otel_training.aggregate import summary as summary_mod
 
     monkeypatch.setattr(summary_mod, "_MAX_DURATIONS", 100)
-    s = RunSummary({}, "off")
-    s.add_steps(sc.MODE_TRAIN, 5_000, 9_000, [7] * 500, 1000)  # a later batch, added first
-    for i in range(150):
-        s.add_step(sc.MODE_TRAIN, i * 10, i * 10 + 5, None, 2)
-    m = s.modes[sc.MODE_TRAIN]
-    assert 50 <= len(m.durations) <= 100
-    assert (m.steps, m.samples, m.step_ns) == (650, 1300, 500 * 7 + 150 * 5)
-    assert (m.first_start, m.last_end) == (0, 9_000)  # out of order: the span is min..max
+    pipeline, _, _ = _pipeline(False)
+    clock = iter(range(1_000, 10**9, 1_000))
+    tracker = Tracker(pipeline.submit, DeviceTimer(), clock=lambda: next(clock))
+    for _ in range(650):
+        tracker.start_step()
+        tracker.end_record(tracker.optimizer_begin())
+        tracker.finish_step()
+    assert pipeline.flush(5.0)
+    train = pipeline.summary.to_dict()["modes"][sc.MODE_TRAIN]
+    assert train["steps"] == 650
+    assert train["step_p50_s"] == train["step_max_s"] == 3e-6  # three clock reads a step
+    assert abs(train["wall_s"] - (650 * 4 - 1) * 1e-6) < 1e-12  # and a clock read between steps

@@ -1,6 +1,7 @@
 """verdict.diagnose: each bottleneck class is recognised and ranked by the share it explains."""
 
-from otel_training.verdict import diagnose, format_findings, verdict_line
+from otel_training.cli.render import render_findings, verdict_line
+from otel_training.cli.verdict import diagnose
 
 
 def _summary(shares, children=None, mode="train", gpu=None, ranks=None, idle=None, **tel):
@@ -111,9 +112,9 @@ def test_eval_only_and_empty_summaries():
 def test_telemetry_loss_is_reported_last_and_format():
     f = diagnose(_summary({"dataloader_next": 0.5, "train_batch": 0.5}, spans_dropped=3))
     assert f[-1].kind == "telemetry_loss"
-    text = format_findings(f)
+    text = "\n".join(render_findings(f))
     assert text.splitlines()[0].startswith("verdict: data-loading bound")
-    assert "1. [high]" in text and "     - raise DataLoader num_workers" in text
+    assert "  1. [high]" in text and "     - raise DataLoader num_workers" in text
     assert f[0].to_dict()["severity"] == "high"
 
 

@@ -10,7 +10,7 @@ memory and utilization. See docs/hardware.md.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any
 
 from otel_training.hardware.agent_lock import HostLock
 from otel_training.hardware.gauges import register_gauges
@@ -28,8 +28,8 @@ _logger = logging.getLogger("otel_training.hardware")
 class HardwareMetrics:
     """Handle on a running sampler (or a no-op one when hardware metrics are off)."""
 
-    def __init__(self, sampler: Optional[Sampler] = None) -> None:
-        self._sampler = sampler
+    def __init__(self, sampler: Sampler | None = None) -> None:
+        self._sampler: Any = sampler
         self._stopped = sampler is None
 
     def _attach(self, sampler: Sampler) -> None:
@@ -61,9 +61,9 @@ class HardwareMetrics:
             _logger.warning("stopping the hardware sampler failed", exc_info=True)
 
 
-def start_hardware_metrics(meter_provider, config, *, host_name: str,
-                           lock_path: Optional[str] = None, start: bool = True,
-                           gpu: bool = True) -> HardwareMetrics:
+def start_hardware_metrics(
+    meter_provider, config, *, host_name: str, lock_path: str | None = None, start: bool = True, gpu: bool = True
+) -> HardwareMetrics:
     """Register the hardware gauges and start sampling every ``config.hardware_interval`` s.
 
     Returns at once (NVML is initialised on the sampler thread) and never raises: a
@@ -85,8 +85,9 @@ def start_hardware_metrics(meter_provider, config, *, host_name: str,
             # GPU gauges exist only where NVML found GPUs (fewer callbacks per export)
             register_gauges(meter, store, active, GPU_GAUGES)
 
-        sampler = Sampler(store, host_name, float(config.hardware_interval),
-                          lock=HostLock(lock_path), gpu=gpu, on_gpus=on_gpus)
+        sampler = Sampler(
+            store, host_name, float(config.hardware_interval), lock=HostLock(lock_path), gpu=gpu, on_gpus=on_gpus
+        )
         handle._attach(sampler)
         register_gauges(meter, store, active, HOST_GAUGES)
         if start:

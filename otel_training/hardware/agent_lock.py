@@ -13,7 +13,6 @@ import logging
 import os
 import tempfile
 import threading
-from typing import Optional
 
 try:
     import fcntl
@@ -31,9 +30,9 @@ def default_lock_path() -> str:
 class HostLock:
     """``try_acquire()`` is cheap (one failed ``flock`` per tick while another holds it)."""
 
-    def __init__(self, path: Optional[str] = None) -> None:
+    def __init__(self, path: str | None = None) -> None:
         self.path = path or default_lock_path()
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
         self._mutex = threading.Lock()
         self._warned = False
         if hasattr(os, "register_at_fork"):
@@ -58,8 +57,9 @@ class HostLock:
             except OSError as exc:
                 if not self._warned:
                     self._warned = True
-                    _logger.warning("hardware lock %s unusable (%s): sampling host "
-                                    "metrics in this process", self.path, exc)
+                    _logger.warning(
+                        "hardware lock %s unusable (%s): sampling host metrics in this process", self.path, exc
+                    )
                 self._fd = -1
                 return True
             try:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, List, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Callable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -13,8 +14,7 @@ from otel_training.hardware.stats import Store
 _logger = logging.getLogger("otel_training.hardware")
 
 
-def register_gauges(meter: Meter, store: Store, active: Callable[[], bool],
-                    names: Sequence[str]) -> List:
+def register_gauges(meter: Meter, store: Store, active: Callable[[], bool], names: Sequence[str]) -> list:
     """Create these gauges on ``meter``; series absent from the store are not reported."""
     failed = set()
 
@@ -29,8 +29,10 @@ def register_gauges(meter: Meter, store: Store, active: Callable[[], bool],
                     failed.add(name)
                     _logger.warning("reading %s failed", name, exc_info=True)
                 return []
+
         return callback
 
-    return [meter.create_observable_gauge(name, callbacks=[callback_for(name)], unit=unit,
-                                          description=description)
-            for name, (unit, description) in ((n, GAUGES[n]) for n in names)]
+    return [
+        meter.create_observable_gauge(name, callbacks=[callback_for(name)], unit=unit, description=description)
+        for name, (unit, description) in ((n, GAUGES[n]) for n in names)
+    ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Dict, List, Optional, Set
+from typing import Any
 
 from otel_training.hardware import names as n
 from otel_training.hardware.stats import Store, attributes
@@ -58,24 +58,22 @@ _KIB = 1024
 
 
 class _Gpu:
-    def __init__(self, handle, index: int, uuid: str, model: str, host_name: str,
-                 pid: int) -> None:
+    def __init__(self, handle, index: int, uuid: str, model: str, host_name: str, pid: int) -> None:
         self.handle = handle
         self.index = index
-        gpu = {n.HOST_NAME: host_name, n.HW_ID: uuid, n.HW_TYPE: "gpu",
-               n.HW_MODEL: model, n.GPU_INDEX: index}
+        gpu = {n.HOST_NAME: host_name, n.HW_ID: uuid, n.HW_TYPE: "gpu", n.HW_MODEL: model, n.GPU_INDEX: index}
         self.gpu = gpu
         self.attrs = attributes(**gpu)
         self.proc_attrs = attributes(**gpu, **{n.PROCESS_PID: pid})
-        self.disabled: Set[str] = set()
+        self.disabled: set[str] = set()
         self.buffered = {"utilization": True, "memory_controller": True}
         # sampling key -> newest NVML timestamp seen (us); absent: never read, so the
         # next read returns the driver's whole buffer, history from before we started
-        self.last_seen: Dict[str, int] = {}
-        self.has_value: Set[str] = set()
+        self.last_seen: dict[str, int] = {}
+        self.has_value: set[str] = set()
         self.legacy_throttle = False
         self.process_seen = False
-        self.process_util_at: Optional[float] = None
+        self.process_util_at: float | None = None
 
     def with_attrs(self, **extra) -> tuple:
         return attributes(**self.gpu, **extra)
@@ -84,13 +82,13 @@ class _Gpu:
 class GpuSource:
     """``start()`` loads NVML (call it on the sampler thread: nvmlInit can be slow)."""
 
-    def __init__(self, store: Store, host_name: str, pid: Optional[int] = None) -> None:
+    def __init__(self, store: Store, host_name: str, pid: int | None = None) -> None:
         self._store = store
         self._host_name = host_name
         self._pid = os.getpid() if pid is None else pid
-        self._nvml = None
-        self.gpus: List[_Gpu] = []
-        self._logged: Set[str] = set()
+        self._nvml: Any = None  # the pynvml module, once NVML is up
+        self.gpus: list[_Gpu] = []
+        self._logged: set[str] = set()
 
     @property
     def available(self) -> bool:
@@ -156,15 +154,15 @@ class GpuSource:
                 store.add(n.GPU_MEMORY_USAGE, gpu.attrs, mem.used)
                 store.add(n.GPU_MEMORY_FREE, gpu.attrs, mem.free)
                 store.add(n.GPU_MEMORY_LIMIT, gpu.attrs, mem.total)
-            mhz = self._call(gpu, "clock", nvml.nvmlDeviceGetClockInfo, gpu.handle,
-                             nvml.NVML_CLOCK_SM)
+            mhz = self._call(gpu, "clock", nvml.nvmlDeviceGetClockInfo, gpu.handle, nvml.NVML_CLOCK_SM)
             if mhz is not None:
                 store.add(n.GPU_CLOCK_SM, gpu.attrs, mhz * 1e6)
             milliwatts = self._call(gpu, "power", nvml.nvmlDeviceGetPowerUsage, gpu.handle)
             if milliwatts is not None:
                 store.add(n.GPU_POWER_DRAW, gpu.attrs, milliwatts / 1000.0)
-            celsius = self._call(gpu, "temperature", nvml.nvmlDeviceGetTemperature,
-                                 gpu.handle, nvml.NVML_TEMPERATURE_GPU)
+            celsius = self._call(
+                gpu, "temperature", nvml.nvmlDeviceGetTemperature, gpu.handle, nvml.NVML_TEMPERATURE_GPU
+            )
             if celsius is not None:
                 store.add(n.GPU_TEMPERATURE, gpu.attrs, celsius)
             self._throttle(gpu)
@@ -174,9 +172,9 @@ class GpuSource:
         nvml = self._nvml
         fallback = []
         for key, sampling, gauge in (
-                ("utilization", nvml.NVML_GPU_UTILIZATION_SAMPLES, n.GPU_UTILIZATION),
-                ("memory_controller", nvml.NVML_MEMORY_UTILIZATION_SAMPLES,
-                 n.GPU_MEMORY_CONTROLLER_UTILIZATION)):
+            ("utilization", nvml.NVML_GPU_UTILIZATION_SAMPLES, n.GPU_UTILIZATION),
+            ("memory_controller", nvml.NVML_MEMORY_UTILIZATION_SAMPLES, n.GPU_MEMORY_CONTROLLER_UTILIZATION),
+        ):
             if key in gpu.disabled:
                 continue
             values = self._buffered(gpu, key, sampling) if gpu.buffered[key] else None
@@ -191,8 +189,7 @@ class GpuSource:
             return
         # No buffered samples on this model: one instant per tick instead.
         keys = [key for key, _ in fallback]
-        rates = self._call(gpu, keys[0], nvml.nvmlDeviceGetUtilizationRates, gpu.handle,
-                           also=tuple(keys[1:]))
+        rates = self._call(gpu, keys[0], nvml.nvmlDeviceGetUtilizationRates, gpu.handle, also=tuple(keys[1:]))
         if rates is None:
             return
         for key, gauge in fallback:
@@ -200,7 +197,7 @@ class GpuSource:
             self._store.add(gauge, gpu.attrs, percent / 100.0)
             gpu.has_value.add(key)
 
-    def _buffered(self, gpu: _Gpu, key: str, sampling: int) -> Optional[List[float]]:
+    def _buffered(self, gpu: _Gpu, key: str, sampling: int) -> list[float] | None:
         """New sample values (percent), [] when none arrived; None: not supported."""
         nvml = self._nvml
         first = key not in gpu.last_seen
@@ -213,16 +210,33 @@ class GpuSource:
                 return []  # no sample newer than `last`
             if _permanent(nvml, exc):
                 gpu.buffered[key] = False
-                self._log_once(f"buffered:{key}", "GPU %d (%s): no buffered %s samples "
-                               "(%s); reading nvmlDeviceGetUtilizationRates once per tick",
-                               gpu.index, gpu.gpu[n.HW_MODEL], key, _describe(exc))
+                self._log_once(
+                    f"buffered:{key}",
+                    "GPU %d (%s): no buffered %s samples (%s); reading nvmlDeviceGetUtilizationRates once per tick",
+                    gpu.index,
+                    gpu.gpu[n.HW_MODEL],
+                    key,
+                    _describe(exc),
+                )
                 return None
-            self._log_once(f"error:{key}", "GPU %d: reading %s samples failed (%s)",
-                           gpu.index, key, _describe(exc), level=logging.WARNING)
+            self._log_once(
+                f"error:{key}",
+                "GPU %d: reading %s samples failed (%s)",
+                gpu.index,
+                key,
+                _describe(exc),
+                level=logging.WARNING,
+            )
             return []
         except Exception as exc:  # anything else: skip this tick
-            self._log_once(f"error:{key}", "GPU %d: reading %s samples failed (%s)",
-                           gpu.index, key, _describe(exc), level=logging.WARNING)
+            self._log_once(
+                f"error:{key}",
+                "GPU %d: reading %s samples failed (%s)",
+                gpu.index,
+                key,
+                _describe(exc),
+                level=logging.WARNING,
+            )
             return []
         if not samples:
             gpu.last_seen[key] = last
@@ -251,37 +265,33 @@ class GpuSource:
                     self._handle_error(gpu, "throttle", exc)
                     return
         if mask is None:
-            mask = self._call(gpu, "throttle",
-                              nvml.nvmlDeviceGetCurrentClocksThrottleReasons, gpu.handle)
+            mask = self._call(gpu, "throttle", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, gpu.handle)
             if mask is None:
                 return
         for bit, reason in THROTTLE_REASONS:
-            self._store.add(n.GPU_THROTTLE, gpu.with_attrs(**{n.THROTTLE_REASON: reason}),
-                            1.0 if mask & bit else 0.0)
+            self._store.add(n.GPU_THROTTLE, gpu.with_attrs(**{n.THROTTLE_REASON: reason}), 1.0 if mask & bit else 0.0)
 
     def _pcie(self, gpu: _Gpu) -> None:
         nvml = self._nvml
         # Each call counts bytes over a 20 ms window (blocking this thread, not the
         # training thread: ctypes releases the GIL).
-        for counter, direction in ((nvml.NVML_PCIE_UTIL_TX_BYTES, "transmit"),
-                                   (nvml.NVML_PCIE_UTIL_RX_BYTES, "receive")):
-            kib_s = self._call(gpu, "pcie", nvml.nvmlDeviceGetPcieThroughput, gpu.handle,
-                               counter)
+        for counter, direction in (
+            (nvml.NVML_PCIE_UTIL_TX_BYTES, "transmit"),
+            (nvml.NVML_PCIE_UTIL_RX_BYTES, "receive"),
+        ):
+            kib_s = self._call(gpu, "pcie", nvml.nvmlDeviceGetPcieThroughput, gpu.handle, counter)
             if kib_s is None:
                 return
-            self._store.add(n.GPU_PCIE_THROUGHPUT,
-                            gpu.with_attrs(**{n.NETWORK_DIRECTION: direction}),
-                            kib_s * _KIB)
+            self._store.add(n.GPU_PCIE_THROUGHPUT, gpu.with_attrs(**{n.NETWORK_DIRECTION: direction}), kib_s * _KIB)
 
     # --- this process (every rank) ------------------------------------------------------
-    def sample_process(self, now: Optional[float] = None) -> None:
+    def sample_process(self, now: float | None = None) -> None:
         nvml = self._nvml
         if nvml is None:
             return
         now = time.monotonic() if now is None else now
         for gpu in self.gpus:
-            procs = self._call(gpu, "process_memory", nvml.nvmlDeviceGetComputeRunningProcesses,
-                               gpu.handle)
+            procs = self._call(gpu, "process_memory", nvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
             if procs is not None:
                 mine = [p.usedGpuMemory for p in procs if p.pid == self._pid]
                 if mine:
@@ -305,8 +315,7 @@ class GpuSource:
         except nvml.NVMLError as exc:
             # NotFound: no sample newer than `last`; pynvml raises NVMLError(0) when
             # the driver returned success with no sample at all
-            if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())) or getattr(
-                    exc, "value", None) == 0:
+            if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())) or getattr(exc, "value", None) == 0:
                 gpu.last_seen["process"] = last
             else:
                 self._handle_error(gpu, "process_utilization", exc)
@@ -324,8 +333,7 @@ class GpuSource:
                 self._store.add(n.PROCESS_GPU_UTILIZATION, gpu.proc_attrs, s.smUtil / 100.0)
             if mine:
                 gpu.process_util_at = now
-        if (gpu.process_util_at is not None
-                and now - gpu.process_util_at > PROCESS_UTILIZATION_STALE_S):
+        if gpu.process_util_at is not None and now - gpu.process_util_at > PROCESS_UTILIZATION_STALE_S:
             gpu.process_util_at = None
             self._store.drop(n.PROCESS_GPU_UTILIZATION, gpu.proc_attrs)
 
@@ -348,13 +356,24 @@ class GpuSource:
                 for gauge in _GAUGES[k]:
                     self._store.drop(gauge, gpu.attrs)
             gauges = ", ".join(g for k in (key,) + tuple(also) for g in _GAUGES[k])
-            self._log_once(f"unsupported:{key}", "GPU %d (%s): %s not available (%s): "
-                           "%s absent", gpu.index, gpu.gpu[n.HW_MODEL], key,
-                           _describe(exc), gauges)
+            self._log_once(
+                f"unsupported:{key}",
+                "GPU %d (%s): %s not available (%s): %s absent",
+                gpu.index,
+                gpu.gpu[n.HW_MODEL],
+                key,
+                _describe(exc),
+                gauges,
+            )
         else:
-            self._log_once(f"error:{key}", "GPU %d: reading %s failed (%s); retrying "
-                           "each tick", gpu.index, key, _describe(exc),
-                           level=logging.WARNING)
+            self._log_once(
+                f"error:{key}",
+                "GPU %d: reading %s failed (%s); retrying each tick",
+                gpu.index,
+                key,
+                _describe(exc),
+                level=logging.WARNING,
+            )
 
     def _log_once(self, key: str, msg: str, *args, level: int = logging.INFO) -> None:
         if key in self._logged:
@@ -365,9 +384,11 @@ class GpuSource:
 
 def _permanent(nvml, exc: BaseException) -> bool:
     """Errors that will not go away on the next tick: the metric is dropped."""
-    permanent = tuple(getattr(nvml, name) for name in (
-        "NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
-        if hasattr(nvml, name))
+    permanent = tuple(
+        getattr(nvml, name)
+        for name in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
+        if hasattr(nvml, name)
+    )
     return isinstance(exc, permanent) or isinstance(exc, (AttributeError, TypeError))
 
 

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable
 
 import psutil
 
@@ -27,11 +27,11 @@ _LINUX = sys.platform.startswith("linux")
 _LOOPBACK = ("lo", "lo0")
 
 #: The /proc tree the fast path reads by default; None reads every source through psutil.
-PROC_ROOT: Optional[str] = "/proc" if _LINUX else None
+PROC_ROOT: str | None = "/proc" if _LINUX else None
 _DEFAULT = object()
 
 
-def _cpu() -> Tuple[float, float]:
+def _cpu() -> tuple[float, float]:
     """(busy, total) CPU seconds summed over cores, counted as psutil.cpu_percent does."""
     t = psutil.cpu_times()
     total = sum(t)
@@ -42,7 +42,7 @@ def _cpu() -> Tuple[float, float]:
     return total - idle, total
 
 
-def _network() -> Optional[Tuple[float, float]]:
+def _network() -> tuple[float, float] | None:
     """(bytes sent, bytes received) over every interface but loopback."""
     per_nic = psutil.net_io_counters(pernic=True, nowrap=False)
     if not per_nic:
@@ -68,13 +68,12 @@ class _Disks:
     """
 
     def __init__(self) -> None:
-        self._whole: Dict[str, bool] = {}
+        self._whole: dict[str, bool] = {}
 
-    def __call__(self) -> Optional[Tuple[float, float, float, float]]:
+    def __call__(self) -> tuple[float, float, float, float] | None:
         if not _LINUX:
             c = psutil.disk_io_counters(perdisk=False, nowrap=False)
-            return None if c is None else (c.read_count, c.write_count, c.read_bytes,
-                                           c.write_bytes)
+            return None if c is None else (c.read_count, c.write_count, c.read_bytes, c.write_bytes)
         per_disk = psutil.disk_io_counters(perdisk=True, nowrap=False)
         if not per_disk:
             return None
@@ -104,29 +103,34 @@ class HostSource:
     the first sample, so processes that never hold the host lock open nothing.
     """
 
-    def __init__(self, store: Store, host_name: str, *, proc_root=_DEFAULT,
-                 sys_root: str = "/sys") -> None:
+    def __init__(self, store: Store, host_name: str, *, proc_root=_DEFAULT, sys_root: str = "/sys") -> None:
         self._store = store
         self._attrs = attributes(**{n.HOST_NAME: host_name})
         a = {n.HOST_NAME: host_name}
-        self._net_attrs = (attributes(**a, **{n.NETWORK_DIRECTION: "transmit"}),
-                           attributes(**a, **{n.NETWORK_DIRECTION: "receive"}))
-        self._disk_attrs = (attributes(**a, **{n.DISK_DIRECTION: "read"}),
-                            attributes(**a, **{n.DISK_DIRECTION: "write"}))
+        self._net_attrs = (
+            attributes(**a, **{n.NETWORK_DIRECTION: "transmit"}),
+            attributes(**a, **{n.NETWORK_DIRECTION: "receive"}),
+        )
+        self._disk_attrs = (
+            attributes(**a, **{n.DISK_DIRECTION: "read"}),
+            attributes(**a, **{n.DISK_DIRECTION: "write"}),
+        )
         self._roots = (proc_root, sys_root)
-        self._psutil: Dict[str, Callable] = {
-            "cpu": _cpu, "memory": _memory, "network": _network, "disk": _Disks()}
+        self._psutil: dict[str, Callable] = {"cpu": _cpu, "memory": _memory, "network": _network, "disk": _Disks()}
         # source name -> reader, built at the first sample; a source is removed for
         # good when unavailable
-        self._readers: Optional[Dict[str, Callable]] = None
-        self._fast = set()  # the sources read from /proc
-        self._proc: Optional[ProcHost] = None
-        self._gauges = {"cpu": (n.CPU_UTILIZATION,), "memory": (n.MEMORY_AVAILABLE,),
-                        "network": (n.NETWORK_THROUGHPUT,),
-                        "disk": (n.DISK_OPERATION_RATE, n.DISK_THROUGHPUT)}
-        self._previous: Dict[str, Tuple[float, tuple]] = {}
+        self._readers: Any = None  # dict[str, Callable] once sampled
+        self._fast: set[str] = set()  # the sources read from /proc
+        self._proc: ProcHost | None = None
+        self._gauges = {
+            "cpu": (n.CPU_UTILIZATION,),
+            "memory": (n.MEMORY_AVAILABLE,),
+            "network": (n.NETWORK_THROUGHPUT,),
+            "disk": (n.DISK_OPERATION_RATE, n.DISK_THROUGHPUT),
+        }
+        self._previous: dict[str, tuple[float, tuple]] = {}
 
-    def _open(self) -> Dict[str, Callable]:
+    def _open(self) -> dict[str, Callable]:
         proc_root, sys_root = self._roots
         if proc_root is _DEFAULT:
             proc_root = PROC_ROOT  # read now, so tests can pin psutil after construction
@@ -136,8 +140,7 @@ class HostSource:
         # the sampler never closes its sources: the descriptors go with this object
         weakref.finalize(self, proc.close).atexit = False
         self._fast = {"cpu", "memory", "network", "disk"}
-        return {"cpu": proc.cpu, "memory": proc.memory, "network": proc.network,
-                "disk": proc.disk}
+        return {"cpu": proc.cpu, "memory": proc.memory, "network": proc.network, "disk": proc.disk}
 
     def close(self) -> None:
         """Close the /proc files (reopened by the next sample)."""
@@ -217,5 +220,4 @@ class HostSource:
         self._previous.pop(source, None)
         for gauge in self._gauges[source]:
             self._store.drop(gauge)
-        _logger.info("host %s metrics unavailable (%s): %s absent", source, why,
-                     ", ".join(self._gauges[source]))
+        _logger.info("host %s metrics unavailable (%s): %s absent", source, why, ", ".join(self._gauges[source]))

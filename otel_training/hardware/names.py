@@ -45,8 +45,7 @@ GAUGES = {
     GPU_MEMORY_USAGE: ("By", "GPU memory used"),
     GPU_MEMORY_FREE: ("By", "GPU memory free"),
     GPU_MEMORY_LIMIT: ("By", "GPU memory total"),
-    GPU_MEMORY_CONTROLLER_UTILIZATION: (
-        "1", "Share of time device memory was being read or written"),
+    GPU_MEMORY_CONTROLLER_UTILIZATION: ("1", "Share of time device memory was being read or written"),
     GPU_CLOCK_SM: ("Hz", "GPU SM clock"),
     GPU_POWER_DRAW: ("W", "GPU power draw"),
     GPU_TEMPERATURE: ("Cel", "GPU core temperature"),
@@ -56,6 +55,5 @@ GAUGES = {
     PROCESS_GPU_UTILIZATION: ("1", "SM utilization of this process on the GPU"),
 }
 
-HOST_GAUGES = (CPU_UTILIZATION, MEMORY_AVAILABLE, NETWORK_THROUGHPUT,
-               DISK_OPERATION_RATE, DISK_THROUGHPUT)
+HOST_GAUGES = (CPU_UTILIZATION, MEMORY_AVAILABLE, NETWORK_THROUGHPUT, DISK_OPERATION_RATE, DISK_THROUGHPUT)
 GPU_GAUGES = tuple(name for name in GAUGES if name not in HOST_GAUGES)

@@ -12,7 +12,6 @@ expected format; host.py then reads that source through psutil instead.
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
 
 _SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own size
 _LOOPBACK = (b"lo", b"lo0")
@@ -31,7 +30,7 @@ class ProcFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     def _open(self) -> int:
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -76,13 +75,13 @@ class ProcHost:
         self.net_dev = ProcFile(os.path.join(proc_root, "net", "dev"))
         self.diskstats = ProcFile(os.path.join(proc_root, "diskstats"))
         self._sys_block = os.path.join(sys_root, "block")
-        self._whole: Dict[bytes, bool] = {}  # device name -> whole disk (names are stable)
+        self._whole: dict[bytes, bool] = {}  # device name -> whole disk (names are stable)
         self._hz = float(os.sysconf("SC_CLK_TCK"))
 
-    def cpu(self) -> Tuple[float, float]:
+    def cpu(self) -> tuple[float, float]:
         """(busy, total) CPU seconds over all cores, as host._cpu counts them."""
         data = self.stat.head(512)
-        v = data[:data.index(b"\n")].split()
+        v = data[: data.index(b"\n")].split()
         if v[0] != b"cpu":
             raise ValueError(f"{self.stat.path}: no aggregate cpu line")
         # user nice system idle iowait irq softirq steal; guest and guest_nice (9, 10)
@@ -97,9 +96,9 @@ class ProcHost:
         fallback's job, here a missing line raises)."""
         data = self.meminfo.head(1024)  # MemAvailable is the third line
         i = data.index(b"MemAvailable:") + 13
-        return int(data[i:data.index(b"\n", i)].split()[0]) * 1024
+        return int(data[i : data.index(b"\n", i)].split()[0]) * 1024
 
-    def network(self) -> Optional[Tuple[int, int]]:
+    def network(self) -> tuple[int, int] | None:
         """(bytes sent, bytes received) over every interface but loopback; None: none."""
         sent = recv = 0
         seen = False
@@ -115,7 +114,7 @@ class ProcHost:
             sent += int(f[8])
         return (sent, recv) if seen else None
 
-    def disk(self) -> Optional[Tuple[int, int, int, int]]:
+    def disk(self) -> tuple[int, int, int, int] | None:
         """(read ops, write ops, read bytes, write bytes) over whole disks; None: none."""
         reads = writes = rsect = wsect = 0
         seen = False
@@ -145,8 +144,7 @@ class ProcHost:
 
     def _is_whole_disk(self, name: bytes) -> bool:
         # only disks (loop and virtual ones included) have a /sys/block entry
-        return os.path.exists(os.path.join(self._sys_block,
-                                           os.fsdecode(name).replace("/", "!")))
+        return os.path.exists(os.path.join(self._sys_block, os.fsdecode(name).replace("/", "!")))
 
     def close(self) -> None:
         for f in (self.stat, self.meminfo, self.net_dev, self.diskstats):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 from otel_training.hardware.agent_lock import HostLock
 from otel_training.hardware.gpu import GpuSource
@@ -22,11 +22,18 @@ _logger = logging.getLogger("otel_training.hardware")
 
 
 class Sampler:
-    def __init__(self, store: Store, host_name: str, interval: float, *,
-                 lock: Optional[HostLock] = None, gpu: bool = True,
-                 pid: Optional[int] = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_gpus: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        host_name: str,
+        interval: float,
+        *,
+        lock: HostLock | None = None,
+        gpu: bool = True,
+        pid: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_gpus: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.interval = interval
         self.host = HostSource(store, host_name)
@@ -37,13 +44,13 @@ class Sampler:
         self._set_up = False
         self._clock = clock
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._closed = False
         self._close_lock = threading.Lock()
         self._failed_once = False
         self._on_gpus = on_gpus
 
-    def tick(self, now: Optional[float] = None) -> None:
+    def tick(self, now: float | None = None) -> None:
         """Take one sample of every source this process is responsible for."""
         if not self._set_up:
             self._set_up = True
@@ -56,8 +63,11 @@ class Sampler:
             # Counter baselines and NVML cursors from before are stale (or absent).
             self.host.reset()
             self.gpu.reset()
-            _logger.info("this process samples host%s metrics for this host (lock %s)",
-                         " and GPU" if self.gpu.available else "", self.lock.path)
+            _logger.info(
+                "this process samples host%s metrics for this host (lock %s)",
+                " and GPU" if self.gpu.available else "",
+                self.lock.path,
+            )
         self.is_host_sampler = holder
         if holder:
             self.host.sample(now)
@@ -65,8 +75,7 @@ class Sampler:
         self.gpu.sample_process(now)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="otel-training-hardware",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="otel-training-hardware", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -96,8 +105,7 @@ class Sampler:
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, timeout))
             if thread.is_alive():
-                _logger.info("hardware sampler still busy after %.1f s; leaving it "
-                             "(daemon thread)", timeout)
+                _logger.info("hardware sampler still busy after %.1f s; leaving it (daemon thread)", timeout)
                 self.lock.release()
                 return
         self._close()

@@ -10,9 +10,9 @@ turns into a fake zero.
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Any
 
-Attributes = Tuple[Tuple[str, object], ...]  # sorted, hashable
+Attributes = tuple[tuple[str, object], ...]  # sorted, hashable
 
 
 class Mean:
@@ -23,14 +23,14 @@ class Mean:
     def __init__(self) -> None:
         self._sum = 0.0
         self._count = 0
-        self._last: Optional[float] = None
+        self._last: float | None = None
 
     def add(self, value: float) -> None:
         self._sum += value
         self._count += 1
         self._last = value
 
-    def collect(self) -> Optional[float]:
+    def collect(self) -> float | None:
         if not self._count:
             return self._last
         value = self._sum / self._count
@@ -48,7 +48,7 @@ class Ratio:
     def __init__(self) -> None:
         self._num = 0.0
         self._den = 0.0
-        self._last: Optional[float] = None
+        self._last: float | None = None
 
     def add(self, numerator: float, denominator: float) -> None:
         if denominator <= 0 or numerator < 0:
@@ -57,7 +57,7 @@ class Ratio:
         self._den += denominator
         self._last = numerator / denominator
 
-    def collect(self) -> Optional[float]:
+    def collect(self) -> float | None:
         if self._den <= 0:
             return self._last
         value = self._num / self._den
@@ -74,7 +74,7 @@ class Store:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._series: Dict[str, Dict[Attributes, object]] = {}
+        self._series: dict[str, dict[Attributes, Any]] = {}  # name -> attributes -> a stat
 
     def _stat(self, name: str, attrs: Attributes, kind: type):
         by_attrs = self._series.setdefault(name, {})
@@ -87,12 +87,11 @@ class Store:
         with self._lock:
             self._stat(name, attrs, Mean).add(float(value))
 
-    def add_ratio(self, name: str, attrs: Attributes, numerator: float,
-                  denominator: float) -> None:
+    def add_ratio(self, name: str, attrs: Attributes, numerator: float, denominator: float) -> None:
         with self._lock:
             self._stat(name, attrs, Ratio).add(float(numerator), float(denominator))
 
-    def drop(self, name: str, match: Optional[Attributes] = None) -> None:
+    def drop(self, name: str, match: Attributes | None = None) -> None:
         """Forget a metric's series (all, or those whose attributes include ``match``)."""
         with self._lock:
             by_attrs = self._series.get(name)
@@ -105,7 +104,7 @@ class Store:
             for attrs in [a for a in by_attrs if wanted <= set(a)]:
                 del by_attrs[attrs]
 
-    def collect(self, name: str) -> List[Tuple[Dict[str, object], float]]:
+    def collect(self, name: str) -> list[tuple[Any, float]]:
         """(attributes, interval value) for every series of ``name`` that has a value."""
         out = []
         with self._lock:

@@ -13,21 +13,22 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable
 
 import wrapt
 
+from otel_training.handles import Undo
 from otel_training.integrations._bridge import Bridge
 
 # integration name -> (module under otel_training.integrations, framework modules to hook)
-INTEGRATIONS: Dict[str, tuple] = {
+INTEGRATIONS: dict[str, tuple] = {
     "lightning": ("lightning", ("lightning.pytorch", "pytorch_lightning")),
     "transformers": ("transformers", ("transformers.trainer", "accelerate.data_loader")),
 }
 
 _lock = threading.Lock()
 _registered: set = set()  # (integration, framework module) with a post-import hook
-_active: Dict[str, Any] = {}  # integration name -> its Integration object
+_active: dict[str, Any] = {}  # integration name -> its Integration object
 
 
 def _provider(runtime_or_provider: Any) -> Callable[[], Any]:
@@ -36,8 +37,8 @@ def _provider(runtime_or_provider: Any) -> Callable[[], Any]:
     return lambda: runtime_or_provider
 
 
-def enable(config: Any, runtime_or_provider: Any) -> None:
-    """Arm the integrations named in ``config.integrations``.
+def enable(config: Any, runtime_or_provider: Any) -> Undo:
+    """Arm the integrations named in ``config.integrations``; the handle disables them.
 
     ``runtime_or_provider`` is the Runtime (with ``.tracker`` and ``.on_error``), or a
     callable returning the Runtime or Tracker in use (None while off).
@@ -59,6 +60,8 @@ def enable(config: Any, runtime_or_provider: Any) -> None:
                     continue
                 _registered.add((name, target))
                 wrapt.register_post_import_hook(_hook(name), target)
+    # wrapt cannot unregister a post-import hook: once disabled, it does nothing.
+    return Undo(disable, "integrations")
 
 
 def _hook(name: str) -> Callable[[Any], None]:
@@ -89,6 +92,6 @@ def disable() -> None:
         _active.clear()
 
 
-def active(name: str) -> Optional[Any]:
+def active(name: str) -> Any | None:
     """The enabled Integration object for ``name`` (tests, debugging)."""
     return _active.get(name)

@@ -6,10 +6,10 @@ self-telemetry and never reaches the training loop.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from otel_training import semconv as sc
-from otel_training.tracker import DRIVER_DATALOADER, DRIVER_NONE
+from otel_training.record.tracker import DRIVER_DATALOADER, DRIVER_NONE
 
 CALLBACK_PREFIX = "callback."
 
@@ -26,7 +26,7 @@ class Bridge:
         self._provider = provider
         self.driver = driver
 
-    def tracker(self) -> Optional[Any]:
+    def tracker(self) -> Any:
         try:
             obj = self._provider()
         except Exception:
@@ -88,7 +88,7 @@ class Bridge:
             except Exception as exc:
                 self.error(exc)
 
-    def finish_step(self, error: Optional[BaseException] = None) -> None:
+    def finish_step(self, error: BaseException | None = None) -> None:
         t = self.tracker()
         if t is not None and t.step is not None and t.driver == self.driver:
             try:
@@ -104,8 +104,9 @@ class Bridge:
         if step is None or t.driver != self.driver:
             return
         try:
-            if not step.saw_forward and (require_forward or all(
-                    p.name == sc.PHASE_DATALOADER_NEXT for p in step.phases)):
+            if not step.saw_forward and (
+                require_forward or all(p.name == sc.PHASE_DATALOADER_NEXT for p in step.phases)
+            ):
                 t.discard_step()
             else:
                 t.finish_step()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import re
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.integrations._bridge import Bridge, callback_phase
@@ -30,27 +30,45 @@ from otel_training.integrations._bridge import Bridge, callback_phase
 _FETCH = re.compile(r"^\[\w+\]\.\w+_next$")
 _LOOP_HOOK = re.compile(r"^on_(train|validation|test|predict|fit|sanity_check)(_epoch)?_(start|end)$")
 # LightningModule hooks that wrap the model's own compute or configuration: not phases.
-_COMPUTE_HOOKS = frozenset({
-    "forward", "training_step", "validation_step", "test_step", "predict_step", "backward",
-    "optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "transfer_batch_to_device",
-    "configure_optimizers", "configure_callbacks", "configure_model", "configure_sharded_model",
-    "configure_gradient_clipping", "setup", "teardown", "prepare_data", "state_dict",
-    "on_save_checkpoint", "on_load_checkpoint",
-})
+_COMPUTE_HOOKS = frozenset(
+    {
+        "forward",
+        "training_step",
+        "validation_step",
+        "test_step",
+        "predict_step",
+        "backward",
+        "optimizer_step",
+        "optimizer_zero_grad",
+        "lr_scheduler_step",
+        "transfer_batch_to_device",
+        "configure_optimizers",
+        "configure_callbacks",
+        "configure_model",
+        "configure_sharded_model",
+        "configure_gradient_clipping",
+        "setup",
+        "teardown",
+        "prepare_data",
+        "state_dict",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+    }
+)
 _NONE, _STEP, _LOOP, _PHASE, _TO_DEVICE = range(5)
 
 
 class _Tap:
     """Replaces ``start``/``stop`` on one profiler instance with timing-aware versions."""
 
-    def __init__(self, integ: "Integration", trainer: Any, profiler: Any) -> None:
+    def __init__(self, integ: Integration, trainer: Any, profiler: Any) -> None:
         self.bridge: Bridge = integ.bridge
         self.integ = integ
         self.trainer = weakref.ref(trainer)
         self.profiler = profiler
         self.orig_start = profiler.start
         self.orig_stop = profiler.stop
-        self.cache: Dict[str, Tuple[int, Optional[str]]] = {}
+        self.cache: dict[str, tuple[int, str | None]] = {}
         self.open: list = []  # (action, phase) for phases we opened
         profiler.start = self.start
         profiler.stop = self.stop
@@ -85,7 +103,7 @@ class _Tap:
             self.bridge.start_step()
         elif kind == _LOOP:
             self.bridge.discard_empty_step()
-        elif self.bridge.begin(phase, auto=kind == _TO_DEVICE):
+        elif phase is not None and self.bridge.begin(phase, auto=kind == _TO_DEVICE):
             self.open.append((action, phase))
 
     def _on_stop(self, action: str) -> None:
@@ -95,8 +113,8 @@ class _Tap:
                 self.bridge.end(phase)
                 return
 
-    def _classify(self, action: str) -> Tuple[int, Optional[str]]:
-        result: Optional[Tuple[int, Optional[str]]] = (_NONE, None)
+    def _classify(self, action: str) -> tuple[int, str | None]:
+        result: tuple[int, str | None] | None = (_NONE, None)
         if _FETCH.match(action):
             result = (_STEP, None)
         elif action.startswith("["):
@@ -113,7 +131,7 @@ class _Tap:
             return result
         return (_NONE, None)  # not resolvable yet (callback not attached): retry later
 
-    def _hook_phase(self, source: str, target: str, hook: str) -> Optional[Tuple[int, Optional[str]]]:
+    def _hook_phase(self, source: str, target: str, hook: str) -> tuple[int, str | None] | None:
         trainer = self.trainer()
         if trainer is None:
             return (_NONE, None)
@@ -138,12 +156,12 @@ class Integration:
     """Patches one or both Lightning packages (``lightning.pytorch``, ``pytorch_lightning``)."""
 
     def __init__(self, bridge: Bridge) -> None:
-        from otel_training.hooks.patching import Patcher
+        from otel_training.handles import Handles
 
         self.bridge = bridge
-        self.patcher = Patcher()
-        self.taps: "weakref.WeakKeyDictionary[Any, _Tap]" = weakref.WeakKeyDictionary()
-        self.bases: Dict[str, Dict[str, Any]] = {}  # package name -> base classes
+        self.patcher = Handles()
+        self.taps: weakref.WeakKeyDictionary[Any, _Tap] = weakref.WeakKeyDictionary()
+        self.bases: dict[str, dict[str, Any]] = {}  # package name -> base classes
         self._reopened = 0  # optimizer_step phases reopened after a closure
 
     def base(self, trainer: Any, name: str) -> Any:
@@ -156,8 +174,11 @@ class Integration:
     def patch(self, pkg: Any) -> None:
         if pkg.__name__ in self.bases:
             return
-        self.bases[pkg.__name__] = {"Callback": pkg.Callback, "LightningModule": pkg.LightningModule,
-                                    "LightningDataModule": pkg.LightningDataModule}
+        self.bases[pkg.__name__] = {
+            "Callback": pkg.Callback,
+            "LightningModule": pkg.LightningModule,
+            "LightningDataModule": pkg.LightningDataModule,
+        }
         self.patcher.wrap(pkg.Trainer, "__init__", self._trainer_init)
         try:
             precision = importlib.import_module(pkg.__name__ + ".plugins.precision.precision")
@@ -171,7 +192,7 @@ class Integration:
         for tap in list(self.taps.values()):
             tap.remove()
         self.taps.clear()
-        self.patcher.undo()
+        self.patcher.remove()
         self.bases.clear()
 
     def _trainer_init(self, wrapped, instance, args, kwargs):

@@ -19,7 +19,7 @@ DataLoader ``__next__`` calls do not line up with optimizer steps. Here:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.integrations._bridge import Bridge, callback_phase
@@ -29,11 +29,11 @@ _END_EVENTS = frozenset({"on_epoch_end", "on_train_end"})
 
 class Integration:
     def __init__(self, bridge: Bridge) -> None:
-        from otel_training.hooks.patching import Patcher
+        from otel_training.handles import Handles
 
         self.bridge = bridge
-        self.patcher = Patcher()
-        self.base: Optional[type] = None  # TrainerCallback
+        self.patcher = Handles()
+        self.base: type | None = None  # TrainerCallback
         self.wrapped: set = set()  # (owner class, event) already wrapped
         self.has_batch_samples = False
         self._busy: set = set()  # phases running now (a super() call is not timed twice)
@@ -54,14 +54,14 @@ class Integration:
         self.base = TrainerCallback
         trainer = module.Trainer
         self.patcher.wrap(CallbackHandler, "call_event", self._call_event)
-        self.has_batch_samples = self.patcher.wrap(trainer, "get_batch_samples", self._get_batch_samples)
+        self.has_batch_samples = self.patcher.wrap(trainer, "get_batch_samples", self._get_batch_samples) is not None
         self.patcher.wrap(trainer, "evaluation_loop", self._evaluation_loop)
         if hasattr(trainer, "prediction_loop"):  # legacy loop (use_legacy_prediction_loop)
             self.patcher.wrap(trainer, "prediction_loop", self._evaluation_loop)
         self.patcher.wrap(trainer, "_prepare_inputs", self._to_device)
 
     def unpatch(self) -> None:
-        self.patcher.undo()
+        self.patcher.remove()
         self.wrapped.clear()
         self.base = None
 
@@ -78,7 +78,7 @@ class Integration:
             # ended the step: continue with a fresh one rather than implicit steps.
             self.bridge.start_step()
         try:  # samples of every micro-batch, not only the first one the DataLoader saw
-            from otel_training.tracker import infer_batch_size
+            from otel_training.record.batches import infer_batch_size
 
             t = self.bridge.tracker()
             step = getattr(t, "step", None)

@@ -1,0 +1,164 @@
+"""Coverage: how much of the training loop's wall time lies inside steps, and the
+self-check that says when step detection is in doubt (docs/steps.md)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+_GAP_NS = 1_000_000  # gaps shorter than this are counted in the time, not as gaps
+# Self-check thresholds (docs/steps.md).
+CHECK_COVERAGE = 0.90
+CHECK_MICROBATCHES = 512
+CHECK_LONGEST_SHARE = 0.5
+CHECK_LONGEST_MICROBATCHES = 4
+CHECK_ONLY_STEP_MICROBATCHES = 32  # a run of one step holding this many backward passes
+
+
+class Coverage:
+    """The training loop's wall time against the time inside steps, and the steps of
+    several micro-batches the self-check looks at. Written by the pipeline thread as
+    steps arrive (in time order: the assembler hands them on so); read at the end."""
+
+    __slots__ = (
+        "steps",
+        "first_start",
+        "last_end",
+        "outside",
+        "gaps",
+        "largest_gap",
+        "largest_gap_after",
+        "longest",
+        "longest_index",
+        "longest_microbatches",
+        "max_microbatches",
+        "max_microbatches_index",
+        "_lock",
+    )
+
+    def __init__(self) -> None:
+        self.first_start: int | None = None
+        self.last_end = 0
+        self.outside = 0
+        self.gaps = 0
+        self.largest_gap = 0
+        self.largest_gap_after: int | None = None
+        self.steps = 0
+        self.longest = 0  # the longest step of several micro-batches
+        self.longest_index: int | None = None
+        self.longest_microbatches = 0
+        self.max_microbatches = 0
+        self.max_microbatches_index: int | None = None
+        self._lock = threading.Lock()
+
+    def add(self, records: Sequence) -> None:
+        """A batch of finished ``StepRecord``s, in time order (pipeline thread)."""
+        with self._lock:
+            for r in records:
+                host = r.host
+                self._step(r.number, host[0], host[-1], r.microbatches)
+
+    def _step(self, index: int, start: int, end: int, microbatches: int) -> None:
+        """Step ``index`` ran from ``start`` to ``end`` (host ns)."""
+        self.steps += 1
+        gap = start - self.last_end
+        if gap > 0:
+            self._gap(gap, index - 1, start)
+        self.last_end = end
+        if microbatches > 1:
+            self._merged(index, microbatches, end - start)
+
+    def _gap(self, ns: int, after: int, start: int) -> None:
+        """``ns`` between step ``after`` and the next (the first step: none)."""
+        if self.first_start is None:
+            self.first_start = start
+            return
+        self.outside += ns
+        if ns >= _GAP_NS:
+            self.gaps += 1
+        if ns > self.largest_gap:
+            self.largest_gap, self.largest_gap_after = ns, after
+
+    def _merged(self, index: int, micro: int, duration: int) -> None:
+        """Step ``index`` held ``micro`` > 1 micro-batches in ``duration`` ns."""
+        if duration > self.longest:
+            self.longest, self.longest_index, self.longest_microbatches = duration, index, micro
+        if micro > self.max_microbatches:
+            self.max_microbatches, self.max_microbatches_index = micro, index
+
+    def to_dict(self, started_ns: int | None = None) -> dict:
+        """The summary's ``coverage``; ``started_ns``: when instrumentation began."""
+        with self._lock:
+            return self._to_dict(started_ns)
+
+    def _to_dict(self, started_ns: int | None) -> dict:
+        loop = (self.last_end - self.first_start) if self.first_start is not None else 0
+        inside = loop - self.outside
+        out = {
+            "loop_s": loop / 1e9,
+            "in_steps_s": inside / 1e9,
+            "share": inside / loop if loop > 0 else (1.0 if self.first_start is not None else 0.0),
+            "outside_s": self.outside / 1e9,
+            "gaps": self.gaps,
+            "largest_gap_s": self.largest_gap / 1e9,
+            "largest_gap_after_step": self.largest_gap_after,
+        }
+        if started_ns is not None and self.first_start is not None:
+            out["before_first_step_s"] = max(0, self.first_start - started_ns) / 1e9
+        return out
+
+    def self_check(self) -> list[dict]:
+        """Findings that the step detection is in doubt, each with its cause and fix."""
+        with self._lock:
+            return self._self_check()
+
+    def _self_check(self) -> list[dict]:
+        steps = self.steps
+        out: list[dict] = []
+        if self.first_start is None:
+            return out
+        loop = self.last_end - self.first_start
+        merged = (
+            self.max_microbatches >= CHECK_MICROBATCHES
+            or (steps == 1 and self.max_microbatches >= CHECK_ONLY_STEP_MICROBATCHES)
+            or (
+                steps > 1
+                and self.longest > CHECK_LONGEST_SHARE * loop
+                and self.longest_microbatches >= CHECK_LONGEST_MICROBATCHES
+            )
+        )
+        if merged:
+            index = self.max_microbatches_index if self.max_microbatches >= CHECK_MICROBATCHES else self.longest_index
+            micro = max(self.max_microbatches, self.longest_microbatches)
+            out.append(
+                {
+                    "kind": "merged_steps",
+                    "cause": (
+                        f"train step {index} holds {micro} backward passes"
+                        + (f" and {self.longest / loop:.0%} of the loop" if loop > 0 else "")
+                        + ": an optimizer exists but no optimizer.step() ran between them "
+                        "(parameters updated by hand?)"
+                    ),
+                    "fix": (
+                        "set OTEL_TRAINING_STEP_BOUNDARY=backward (one step per backward pass), "
+                        "or mark steps with otel_training.step()"
+                    ),
+                }
+            )
+        share = (loop - self.outside) / loop if loop > 0 else 1.0
+        if share < CHECK_COVERAGE and steps > 1:
+            out.append(
+                {
+                    "kind": "low_coverage",
+                    "cause": (
+                        f"{1 - share:.0%} of the training loop's {loop / 1e9:.1f} s is outside steps "
+                        f"(largest gap {self.largest_gap / 1e9:.2f} s after step {self.largest_gap_after}): "
+                        "work between loops that runs no model forward, or a loop not detected"
+                    ),
+                    "fix": (
+                        "wrap that work in otel_training.phase(name) inside a step, mark steps with "
+                        "otel_training.step(), or set OTEL_TRAINING_STEP_BOUNDARY"
+                    ),
+                }
+            )
+        return out

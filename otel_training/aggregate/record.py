@@ -1,0 +1,214 @@
+"""One finished step, resolved once: the immutable ``StepRecord`` every consumer reads.
+
+``Resolver.resolve`` turns a ``StepTimeline`` (what the training thread recorded)
+into a ``StepRecord``: device times resolved and marks GPU-synchronized, the mode,
+each phase's duration, the untracked rest, GPU idle time per phase, the trace
+sampling decision. Consumers (run summary, coverage, spans, metrics) take records,
+or batches of them, and never write back. Pipeline thread only.
+
+Steps of a loop mostly share one *layout*: the same phases, nested the same way,
+starting and ending at the same mark indices. A ``Layout`` is made once per layout
+and shared by its records; it computes a step's phase durations with a few
+C-level calls, and consumers group records by it to add phase columns in bulk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import attrgetter, itemgetter, sub
+from typing import Any, Callable, NamedTuple
+
+from otel_training import semconv as sc
+from otel_training.aggregate.idle import idle_between, synchronized_marks
+from otel_training.aggregate.sampling import TailCapture
+from otel_training.record.timeline import PhaseRecord, StepTimeline
+
+UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)  # the (name, parent) of untracked time
+_SHAPE = attrgetter("name", "parent", "start", "end")
+_MAX_LAYOUTS = 256  # per mode; beyond, layouts are made per step and not remembered
+PhaseKey = tuple[str, str]  # (name, parent)
+
+
+class LayoutPhase(NamedTuple):
+    """One closed phase of a layout: its name (``batch`` resolved to train_batch or
+    eval_batch), its key, its marks, and the position of its parent phase (-1: the
+    step itself)."""
+
+    name: str
+    key: PhaseKey
+    start: int
+    end: int
+    parent: int
+
+
+def _getter(indices: Sequence[int]) -> Callable[[Sequence[int]], tuple]:
+    """``itemgetter(*indices)`` that always returns a tuple."""
+    if not indices:
+        return lambda values: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda values: (values[i],)
+    return itemgetter(*indices)
+
+
+class Layout:
+    """The phases of one step shape, and how to get their durations from marks."""
+
+    __slots__ = ("mode", "phases", "keys", "top", "_starts", "_ends", "_top", "_fold")
+
+    def __init__(self, mode: str, records: Sequence[PhaseRecord]) -> None:
+        batch = sc.PHASE_TRAIN_BATCH if mode == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
+        self.mode = mode
+        closed = [rec for rec in records if rec.end >= 0]
+        position = {id(rec): i for i, rec in enumerate(closed)}
+        phases = []
+        for rec in closed:
+            name = batch if rec.name == "batch" else rec.name
+            parent = batch if rec.parent == "batch" else rec.parent
+            up = position.get(id(rec.up), -1) if rec.up is not None else -1
+            phases.append(LayoutPhase(name, (name, parent), rec.start, rec.end, up))
+        self.phases: tuple[LayoutPhase, ...] = tuple(phases)
+        # Keys in first-seen order; a key seen several times (accumulation: a forward
+        # per micro-batch) sums its phases.
+        order: dict[PhaseKey, list[int]] = {}
+        for i, p in enumerate(phases):
+            order.setdefault(p.key, []).append(i)
+        self.keys: tuple[PhaseKey, ...] = tuple(order)
+        flat = [i for positions in order.values() for i in positions]
+        self._starts = _getter([phases[i].start for i in flat])
+        self._ends = _getter([phases[i].end for i in flat])
+        self._fold: list[tuple[int, int]] | None = None
+        if len(flat) != len(order):
+            bounds: list[tuple[int, int]] = []
+            first = 0
+            for positions in order.values():
+                bounds.append((first, first + len(positions)))
+                first += len(positions)
+            self._fold = bounds
+        self.top: tuple[int, ...] = tuple(i for i, rec in enumerate(closed) if rec.up is None)
+        at = {i: j for j, i in enumerate(flat)}
+        self._top = _getter([at[i] for i in self.top])
+
+    def durations(self, times: Sequence[int]) -> tuple[tuple[int, ...], int]:
+        """(per key, its nanoseconds; the top-level phases' sum) for these marks."""
+        flat = tuple(map(sub, self._ends(times), self._starts(times)))
+        covered = sum(self._top(flat))
+        fold = self._fold
+        if fold is None:
+            return flat, covered
+        return tuple(sum(flat[a:b]) for a, b in fold), covered
+
+
+class StepRecord(NamedTuple):
+    """A finished step, resolved. Times are ``perf_counter_ns`` (``Resolver.offset``
+    maps them to epoch ns); ``times`` are GPU-synchronized when the device is
+    observed, else the host marks."""
+
+    number: int  # the step's index in its run (``training.step``)
+    epoch: int | None
+    mode: str
+    layout: Layout
+    phase_ns: tuple[int, ...]  # per ``layout.keys``
+    untracked_ns: int
+    times: tuple[int, ...]
+    host: tuple[int, ...]
+    device: tuple[int | None, ...] | None
+    idle_ns: dict[str, int] | None  # GPU idle per top-level phase name (and untracked)
+    idle_by_phase: dict[int, int] | None  # per ``layout.phases`` position
+    batch_size: int | None
+    microbatches: int  # training steps: backward passes (at least 1); eval: 0
+    skipped: int  # GradScaler steps that skipped their update
+    error: BaseException | None
+    trace_reason: str | None  # why it is traced (first, error, slow, sampled), or None
+    timing: str  # ``off`` (host clocks), ``events`` or ``sync``
+
+    @property
+    def step_ns(self) -> int:
+        return self.times[-1] - self.times[0]
+
+
+class Resolver:
+    """Timelines in, records out (pipeline thread)."""
+
+    def __init__(self, timer: Any, capture: TailCapture) -> None:
+        self._timer = timer
+        self._capture = capture
+        self._layouts: dict[str, dict[tuple, Layout]] = {}
+
+    def layout(self, mode: str, phases: Sequence[PhaseRecord]) -> Layout:
+        layouts = self._layouts.get(mode)
+        if layouts is None:
+            layouts = self._layouts[mode] = {}
+        key = tuple(map(_SHAPE, phases))
+        layout = layouts.get(key)
+        if layout is None:
+            layout = Layout(mode, phases)
+            if len(layouts) < _MAX_LAYOUTS:
+                layouts[key] = layout
+        return layout
+
+    def resolve(self, step: StepTimeline) -> StepRecord | None:
+        host = step.marks
+        if len(host) < 2:
+            return None
+        timer = self._timer
+        device = timer.resolve(host, step.tokens) if timer.observes_device else None
+        times = tuple(synchronized_marks(host, device)) if device is not None else tuple(host)
+        if step.saw_backward or step.saw_optimizer:
+            mode = sc.MODE_TRAIN
+            micro = step.microbatches or (step.backwards + step.closure_backward) or 1
+        else:
+            mode, micro = sc.MODE_EVAL, 0
+        layout = self.layout(mode, step.phases)
+        phase_ns, covered = layout.durations(times)
+        step_ns = times[-1] - times[0]
+        idle_ns = idle_by_phase = None
+        timing = "off"
+        if device is not None:
+            idle_ns, idle_by_phase = _attribute_idle(layout, host, device)
+            timing = timer.mode  # the events timer switches on lazily, when CUDA is used
+        reason = self._capture.decide(mode, step_ns, host[-1], step.error is not None)
+        return StepRecord(
+            step.index,
+            step.epoch,
+            mode,
+            layout,
+            phase_ns,
+            step_ns - covered,
+            times,
+            tuple(host),
+            tuple(device) if device is not None else None,
+            idle_ns,
+            idle_by_phase,
+            step.batch_size,
+            micro,
+            step.skipped,
+            step.error,
+            reason,
+            timing,
+        )
+
+
+def _attribute_idle(layout: Layout, host: Sequence[int], device: Any) -> tuple:
+    """GPU idle per top-level phase name (and per untracked gap), and per phase."""
+    idle: dict[str, int] = {}
+    by_phase: dict[int, int] = {}
+    prev_end = 0
+    top = sorted((layout.phases[i].start, layout.phases[i].end, i) for i in layout.top)
+    for start, end, i in top:
+        if start > prev_end:  # an untracked gap
+            gap = idle_between(host, device, prev_end, start)
+            if gap:
+                idle[sc.PHASE_UNTRACKED] = idle.get(sc.PHASE_UNTRACKED, 0) + gap
+        ns = idle_between(host, device, start, end)
+        by_phase[i] = ns
+        if ns:
+            name = layout.phases[i].name
+            idle[name] = idle.get(name, 0) + ns
+        prev_end = max(prev_end, end)
+    last = len(host) - 1
+    if last > prev_end:
+        gap = idle_between(host, device, prev_end, last)
+        if gap:
+            idle[sc.PHASE_UNTRACKED] = idle.get(sc.PHASE_UNTRACKED, 0) + gap
+    return idle, by_phase

@@ -1,0 +1,244 @@
+"""The run summary: per-mode step and phase totals, from finished-step records.
+
+A consumer of ``StepRecord`` batches (pipeline thread); ``to_dict`` is read from any
+thread. Rendering it as text lives in ``otel_training.cli.render``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from array import array
+from collections.abc import Sequence
+from itertools import groupby, repeat
+from operator import attrgetter, itemgetter, sub, truediv
+
+from otel_training import semconv as sc
+from otel_training.aggregate.record import UNTRACKED_KEY, Layout, StepRecord
+
+SCHEMA = "otel-training/summary/v1"
+_MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
+_MAX_CACHED = 1024  # layouts whose phase totals are looked up once
+_LAYOUT = attrgetter("layout")
+_PHASE_NS = attrgetter("phase_ns")
+_UNTRACKED = attrgetter("untracked_ns")
+_TIMES = attrgetter("times")
+_BATCH = attrgetter("batch_size")
+_MICRO = attrgetter("microbatches")
+_SKIPPED = attrgetter("skipped")
+_IDLE = attrgetter("idle_ns")
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)
+
+
+class _ModeStats:
+    __slots__ = (
+        "steps",
+        "samples",
+        "microbatches",
+        "skipped",
+        "step_ns",
+        "phases",
+        "idle_ns",
+        "durations",
+        "first_start",
+        "last_end",
+    )
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.samples = 0
+        self.microbatches = 0
+        self.skipped = 0
+        self.step_ns = 0
+        self.phases: dict[tuple[str, str], list] = {}  # (name, parent) -> [total ns, count]
+        self.idle_ns: dict[str, int] = {}
+        self.durations = array("d")
+        self.first_start: int | None = None
+        self.last_end: int | None = None
+
+    def phase(self, key: tuple[str, str]) -> list:
+        """The ``[total ns, steps]`` of phase ``key`` (name, parent)."""
+        slot = self.phases.get(key)
+        if slot is None:
+            slot = self.phases[key] = [0, 0]
+        return slot
+
+
+def _pct(ordered: list, q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+class RunSummary:
+    """Totals of finished steps. ``add`` runs on the pipeline thread; ``to_dict`` may
+    run on any (both under ``_lock``)."""
+
+    def __init__(self, resource_info: dict, timing: str) -> None:
+        self.info = dict(resource_info)
+        self.timing = timing
+        self.started_at = time.time()
+        self._modes: dict[str, _ModeStats] = {}
+        self._slots: dict[Layout, list[list]] = {}  # a layout's phase totals, in key order
+        self._lock = threading.Lock()
+
+    def _mode(self, mode: str) -> _ModeStats:
+        m = self._modes.get(mode)
+        if m is None:
+            m = self._modes[mode] = _ModeStats()
+        return m
+
+    def add(self, records: Sequence[StepRecord]) -> None:
+        """Count a batch of finished steps, a run of one layout at a time."""
+        with self._lock:
+            for layout, run in groupby(records, _LAYOUT):
+                self._add_run(layout, list(run))
+            if records:
+                self.timing = records[-1].timing
+
+    def _add_run(self, layout: Layout, run: list[StepRecord]) -> None:
+        m = self._mode(layout.mode)
+        n = len(run)
+        slots = self._slots.get(layout)
+        if slots is None:
+            slots = [m.phase(key) for key in layout.keys]
+            if len(self._slots) < _MAX_CACHED:
+                self._slots[layout] = slots
+        if slots:
+            for slot, ns in zip(slots, map(sum, zip(*map(_PHASE_NS, run)))):
+                slot[0] += ns
+                slot[1] += n
+        untracked = [u for u in map(_UNTRACKED, run) if u > 0]
+        if untracked:
+            slot = m.phase(UNTRACKED_KEY)
+            slot[0] += sum(untracked)
+            slot[1] += len(untracked)
+        times = list(map(_TIMES, run))
+        starts = list(map(_FIRST, times))
+        ends = list(map(_LAST, times))
+        step_ns = list(map(sub, ends, starts))
+        m.steps += n
+        m.step_ns += sum(step_ns)
+        m.samples += sum(filter(None, map(_BATCH, run)))
+        m.microbatches += sum(map(_MICRO, run))
+        m.skipped += sum(map(_SKIPPED, run))
+        first, last = min(starts), max(ends)  # (steps may come in out of order)
+        if m.first_start is None or first < m.first_start:
+            m.first_start = first
+        if m.last_end is None or last > m.last_end:
+            m.last_end = last
+        m.durations.extend(map(truediv, step_ns, repeat(1e9)))
+        while len(m.durations) > _MAX_DURATIONS:
+            m.durations = m.durations[::2]
+        for idle in filter(None, map(_IDLE, run)):
+            for name, ns in idle.items():
+                m.idle_ns[name] = m.idle_ns.get(name, 0) + ns
+
+    def to_dict(self, telemetry: dict | None = None) -> dict:
+        with self._lock:
+            return self._to_dict(telemetry)
+
+    def _to_dict(self, telemetry: dict | None) -> dict:
+        modes = {}
+        for mode, m in self._modes.items():
+            step_s = m.step_ns / 1e9
+            ds = sorted(m.durations)
+            phases = []
+            for (name, parent), (ns, count) in sorted(m.phases.items(), key=lambda kv: -kv[1][0]):
+                phases.append(
+                    {
+                        "name": name,
+                        "parent": parent,
+                        "total_s": ns / 1e9,
+                        "mean_s": ns / 1e9 / m.steps if m.steps else 0.0,
+                        "count": count,
+                        "share": (ns / m.step_ns) if m.step_ns else 0.0,
+                    }
+                )
+            modes[mode] = {
+                "steps": m.steps,
+                "samples": m.samples,
+                "step_time_s": step_s,
+                **({"microbatches": m.microbatches, "skipped_updates": m.skipped} if mode == sc.MODE_TRAIN else {}),
+                "wall_s": ((m.last_end or 0) - (m.first_start or 0)) / 1e9,
+                "step_mean_s": step_s / m.steps if m.steps else 0.0,
+                "step_p50_s": _pct(ds, 0.5),
+                "step_p90_s": _pct(ds, 0.9),
+                "step_max_s": ds[-1] if ds else 0.0,
+                "phases": phases,
+                "gpu_idle_s": {k: v / 1e9 for k, v in m.idle_ns.items()},
+            }
+        out = {
+            "schema": SCHEMA,
+            **self.info,
+            "timing": self.timing,
+            "started_at": self.started_at,
+            "ended_at": time.time(),
+            "modes": modes,
+            "telemetry": telemetry or {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0},
+        }
+        return out
+
+
+def write(summary: dict, path: str) -> str:
+    """Write the summary as JSON; ``{rank}`` and ``{pid}`` in the path are expanded."""
+    path = path.replace("{rank}", str(summary.get("rank", 0))).replace("{pid}", str(os.getpid()))
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+class SummaryFile:
+    """``OTEL_TRAINING_SUMMARY_FILE``: checked at start (one line if it cannot be
+    written, and none at the end), written at exit."""
+
+    def __init__(self, template: str | None, rank: int) -> None:
+        self.template = template or ""
+        self.rank = rank
+        self.ok = True
+
+    def path(self) -> str:
+        return self.template.replace("{rank}", str(self.rank)).replace("{pid}", str(os.getpid()))
+
+    def check(self) -> None:
+        """Find out now, not after the run, that the file cannot be written. A
+        missing folder is created."""
+        if not self.template:
+            return
+        import tempfile
+
+        path = self.path()
+        try:
+            if os.path.isdir(path):
+                raise IsADirectoryError(21, "Is a directory")
+            directory = os.path.dirname(os.path.abspath(path))
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".otel-training-probe-"):
+                pass
+        except OSError as exc:
+            self.ok = False
+            self._error(exc)
+
+    def write(self, summary: dict) -> None:
+        if not self.template or not self.ok:
+            return
+        try:
+            write(summary, self.template)
+        except OSError as exc:
+            self._error(exc)
+
+    def _error(self, exc: OSError) -> None:
+        import sys
+
+        reason = exc.strerror or type(exc).__name__
+        print(
+            f"otel-training: OTEL_TRAINING_SUMMARY_FILE={self.template!r} cannot be "
+            f"written ({reason}): use a writable file path (no summary file for this run; "
+            f"training continues)",
+            file=sys.stderr,
+            flush=True,
+        )

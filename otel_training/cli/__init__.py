@@ -1,0 +1,78 @@
+"""The ``otel-training`` command line."""
+
+from __future__ import annotations
+
+import sys
+
+_COMMANDS = {
+    "demo": ("otel_training.cli.demo", "run a small training job with a slow data pipeline and print its breakdown"),
+    "report": ("otel_training.cli.report", "explain a run from Prometheus or a run-end summary file"),
+    "bench-data": ("otel_training.cli.bench_data", "benchmark a Dataset and DataLoader settings"),
+    "agent": ("otel_training.cli.agent", "sample host and GPU hardware and export it (no training needed)"),
+    "config": ("otel_training.cli", "show every OTEL_TRAINING_* variable, its value and whether it is valid"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: otel-training COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in _COMMANDS.items()]
+    lines += [
+        "",
+        "Zero-code instrumentation: opentelemetry-instrument python train.py",
+        "Run 'otel-training COMMAND --help' for a command's options.",
+    ]
+    return "\n".join(lines)
+
+
+def show_config(argv: list[str] | None = None) -> int:
+    """Print each variable with its current value; exit 2 if any is malformed."""
+    import os
+
+    from otel_training.config import ConfigError, load_config, variables
+
+    status = 0
+    for var in variables():
+        raw = os.environ.get(var)
+        try:
+            load_config({var: raw} if raw is not None else {})
+            note = "" if raw is not None else "(default)"
+        except ConfigError as exc:
+            note, status = f"INVALID: {exc}", 2
+        print(f"{var}={raw if raw is not None else ''} {note}".rstrip())
+    if status == 0:
+        print(load_config())
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from otel_training.version import __version__
+
+        print(__version__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in _COMMANDS:
+        print(f"otel-training: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if command == "config":
+        return show_config(rest)
+    import importlib
+
+    from otel_training.config import ConfigError
+
+    try:
+        module = importlib.import_module(_COMMANDS[command][0])
+        return int(module.main(rest) or 0)
+    except ConfigError as exc:
+        print(f"otel-training: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

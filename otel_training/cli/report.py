@@ -1,0 +1,96 @@
+"""``otel-training report``: where does the step go, and what to do about it.
+
+Reads run-end summary files (``--summary FILE ...``, one per rank) or a Prometheus
+(``--prometheus URL --run RUN --since 1h``), prints per-phase shares of step time,
+GPU utilization, the spread across ranks and throughput, then ranked advice from
+:mod:`otel_training.cli.verdict`. Exit status: 0, or 2 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from otel_training.cli.report_prometheus import Prometheus, PrometheusReport
+from otel_training.cli.report_sources import ReportError, load_summaries, parse_duration, parse_time
+from otel_training.cli.verdict import diagnose, pick_mode
+
+__all__ = ["main", "build_report", "ReportError"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="otel-training report",
+        description="Break a training run's step time into phases, show GPU utilization and "
+        "rank spread, and say what holds the step.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--summary",
+        nargs="+",
+        metavar="FILE",
+        help="run-end summary JSON file(s) (OTEL_TRAINING_SUMMARY_FILE), one per rank",
+    )
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://localhost:9090")
+    p.add_argument(
+        "--run",
+        metavar="RUN",
+        help="with --prometheus: a training_run_id or job (service name), or label "
+        "matchers like 'job=train,training_run_id=abc'; default: the only run in range",
+    )
+    p.add_argument(
+        "--since", default="1h", metavar="DURATION", help="with --prometheus: how far back from --end (default 1h)"
+    )
+    p.add_argument("--start", metavar="TIME", help="range start (unix seconds or ISO 8601); overrides --since")
+    p.add_argument("--end", metavar="TIME", help="range end (default: now)")
+    p.add_argument("--mode", choices=("train", "eval"), help="mode to diagnose (default: train when present)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per Prometheus query")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def build_report(args: argparse.Namespace) -> dict:
+    """The report dict with ``mode`` and ``findings`` (Finding objects) added."""
+    if args.summary:
+        report = load_summaries(args.summary)
+    else:
+        end = parse_time(args.end) if args.end else time.time()
+        start = parse_time(args.start) if args.start else end - parse_duration(args.since)
+        report = PrometheusReport(Prometheus(args.prometheus, args.timeout), start, end).collect(args.run)
+    mode = args.mode or pick_mode(report)
+    if args.mode and not (report["modes"].get(mode) or {}).get("steps"):
+        have = ", ".join(report["modes"]) or "none"
+        raise ReportError(f"no {mode} steps in this run (modes present: {have})")
+    report["mode"] = mode
+    report["findings"] = diagnose(
+        dict(
+            report,
+            modes={mode: report["modes"][mode]} if mode else {},
+            ranks=(report["ranks"].get(mode) or []) if mode else [],
+        )
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        report = build_report(args)
+    except ReportError as exc:
+        print(f"otel-training report: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = dict(report, findings=[f.to_dict() for f in report["findings"]])
+        json.dump(out, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        from otel_training.cli.render import render
+
+        print(render(report, report["findings"], report["mode"]))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

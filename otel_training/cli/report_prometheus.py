@@ -1,0 +1,245 @@
+"""``otel-training report --prometheus``: a run's numbers from Prometheus (the
+contract's metric names, docs/telemetry.md), merged per rank like summary files."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from otel_training import semconv as sc
+from otel_training.cli.report_sources import ReportError, add_rank, finish_modes
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def run_matchers(run: str) -> list[str]:
+    """Candidate label matchers for ``--run``: explicit ``label=value,...`` pairs (or a
+    ``{...}`` selector body) are used as given; a bare name is tried as
+    ``training_run_id``, then as ``job``."""
+    run = run.strip()
+    if run.startswith("{") and run.endswith("}"):
+        return [run[1:-1]]
+    if "=" in run:
+        parts = []
+        for item in run.split(","):
+            k, _, v = item.partition("=")
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k.strip()):
+                raise ReportError(f"--run {run!r}: {k.strip()!r} is not a label name")
+            parts.append(f"{k.strip()}={_quote(v.strip().strip(chr(34)))}")
+        return [",".join(parts)]
+    return [f"training_run_id={_quote(run)}", f"job={_quote(run)}"]
+
+
+class Prometheus:
+    """A minimal Prometheus HTTP API client (instant queries via urllib)."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        if not re.match(r"^https?://", url):
+            raise ReportError(f"--prometheus {url!r} is not an http(s) URL")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def query(self, promql: str, at: float) -> list[dict]:
+        """``/api/v1/query`` → list of ``{"metric": labels, "value": float}``."""
+        data = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"}).encode()
+        req = urllib.request.Request(
+            self.url + "/api/v1/query",
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            err = _api_error(body)
+            if err:
+                raise ReportError(f"Prometheus at {self.url} rejected the query: {err}") from None
+            raise ReportError(
+                f"Prometheus at {self.url} answered HTTP {exc.code} (is this a Prometheus server?)"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ReportError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+        try:
+            doc = json.loads(body)
+            if doc.get("status") != "success":
+                raise ReportError(f"Prometheus at {self.url} rejected the query: {doc.get('error', 'unknown error')}")
+            result = doc["data"]["result"]
+            if doc["data"]["resultType"] != "vector":
+                raise ValueError(doc["data"]["resultType"])
+            return [{"metric": r["metric"], "value": float(r["value"][1])} for r in result]
+        except ReportError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ReportError(f"{self.url} did not answer like the Prometheus HTTP API (/api/v1/query)") from None
+
+
+def _api_error(body: bytes) -> str | None:
+    try:
+        doc = json.loads(body)
+        return f"{doc.get('errorType', 'error')}: {doc['error']}"
+    except Exception:
+        return None
+
+
+_RANK_LABELS = ("instance", "host_name", "training_rank")
+
+
+def _series(labels: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+
+
+def _key(labels: dict, names: tuple[str, ...]) -> tuple:
+    return tuple(labels.get(n, "") for n in names)
+
+
+class PrometheusReport:
+    """Collects a report for one run over ``[start, end]`` from Prometheus."""
+
+    def __init__(self, prom: Prometheus, start: float, end: float) -> None:
+        if end <= start:
+            raise ReportError("the time range is empty: --start must be before --end")
+        self.prom, self.start, self.end = prom, start, end
+        self.window = max(1, int(math.ceil(end - start)))
+
+    def _deltas(self, metric: str, sel: str, by: tuple[str, ...]) -> dict[tuple, float]:
+        """Per-series counter increase over the range (a series born inside the range
+        counts from 0), summed by ``by`` labels."""
+        q = f"last_over_time({metric}{{{sel}}}[{self.window}s])"
+        end = self.prom.query(q, self.end)
+        before = {_series(r["metric"]): r["value"] for r in self.prom.query(q, self.start)}
+        out: dict[tuple, float] = {}
+        for r in end:
+            delta = r["value"] - before.get(_series(r["metric"]), 0.0)
+            if delta < 0:  # reset (should not happen: one series per process)
+                delta = r["value"]
+            k = _key(r["metric"], by)
+            out[k] = out.get(k, 0.0) + delta
+        return out
+
+    def runs(self) -> list[dict]:
+        q = f"count by (job, training_run_id) (last_over_time(training_step_duration_seconds_count[{self.window}s]))"
+        return [r["metric"] for r in self.prom.query(q, self.end)]
+
+    def resolve(self, run: str | None) -> str:
+        """The label selector body for ``run`` (or the only run in range)."""
+        if run:
+            for sel in run_matchers(run):
+                q = f"count(last_over_time(training_step_duration_seconds_count{{{sel}}}[{self.window}s]))"
+                if self.prom.query(q, self.end):
+                    return sel
+            raise ReportError(
+                f"no otel-training steps for run {run!r} in Prometheus at "
+                f"{self.prom.url} in {_fmt_range(self.start, self.end)}" + _known(self.runs())
+            )
+        found = self.runs()
+        if not found:
+            raise ReportError(
+                f"no otel-training steps in Prometheus at {self.prom.url} in {_fmt_range(self.start, self.end)}"
+            )
+        if len(found) > 1:
+            raise ReportError("several runs in range, pick one with --run" + _known(found))
+        labels = found[0]
+        keys = [k for k in ("training_run_id", "job") if labels.get(k)]
+        return ",".join(f"{k}={_quote(labels[k])}" for k in keys)
+
+    def collect(self, run: str | None) -> dict:
+        sel = self.resolve(run)
+        rk = _RANK_LABELS
+        mk = ("training_mode",)
+        st = self._deltas("training_step_duration_seconds_sum", sel, rk + mk)
+        sn = self._deltas("training_step_duration_seconds_count", sel, rk + mk)
+        smp = self._deltas("training_samples_total", sel, rk + mk)
+        pby = rk + mk + ("training_phase", "training_phase_parent")
+        ps = self._deltas("training_phase_duration_seconds_sum", sel, pby)
+        pc = self._deltas("training_phase_duration_seconds_count", sel, pby)
+        idle = self._deltas("training_gpu_idle_seconds_total", sel, rk + mk + ("training_phase",))
+        modes: dict[str, dict] = {}
+        ranks: dict[str, list[dict]] = {}
+        for key in sorted(sn, key=lambda k: (_rank_sort(k[2]), k[0])):
+            inst, host, rank_label, mode = key
+            if sn[key] <= 0 or not mode:
+                continue
+            phases = [(k[4], k[5] or sc.SPAN_STEP, v, pc.get(k, 0.0)) for k, v in ps.items() if k[:4] == key]
+            idles = {k[4]: v for k, v in idle.items() if k[:4] == key}
+            own = add_rank(modes, mode, sn[key], smp.get(key, 0.0), st.get(key, 0.0), phases, idles)
+            own.update(rank=int(rank_label) if rank_label.isdigit() else None, host=host, instance=inst)
+            ranks.setdefault(mode, []).append(own)
+        for rows in ranks.values():
+            if len(rows) == 1 and rows[0]["rank"] is None:
+                rows[0]["rank"] = 0
+        gpus = self._gpus(sel)
+        hosts = sorted({r["host"] for rows in ranks.values() for r in rows if r.get("host")})
+        if not gpus and hosts:  # sampled by a process outside the run (otel-training agent)
+            gpus = self._gpus("host_name=~" + _quote("|".join(re.escape(h) for h in hosts)))
+        utils = [g["mean"] for g in gpus]
+        tel = {}
+        for name, metric in (
+            ("spans_dropped", "training_telemetry_spans_dropped_total"),
+            ("steps_dropped", "training_telemetry_steps_dropped_total"),
+            ("export_failures", "training_telemetry_export_failures_total"),
+            ("errors", "training_telemetry_errors_total"),
+        ):
+            tel[name] = int(round(sum(self._deltas(metric, sel, ()).values())))
+        return {
+            "source": "prometheus",
+            "prometheus": self.prom.url,
+            "selector": "{" + sel + "}",
+            "run": run or sel,
+            "range": {"start": self.start, "end": self.end},
+            "modes": finish_modes(modes),
+            "ranks": ranks,
+            "gpus": gpus,
+            "gpu_utilization": (
+                {"mean": sum(utils) / len(utils), "min": min(g["min"] for g in gpus)} if gpus else None
+            ),
+            "telemetry": tel,
+        }
+
+    def _gpus(self, sel: str) -> list[dict]:
+        """Per GPU (host, hw_id): mean and min of ``hw_gpu_utilization_ratio``."""
+        by = ("host_name", "hw_id", "gpu_index", "hw_model")
+        agg: dict = {}
+        for fn in ("avg", "min"):
+            q = f"{fn} by ({', '.join(by)}) ({fn}_over_time(hw_gpu_utilization_ratio{{{sel}}}[{self.window}s]))"
+            for r in self.prom.query(q, self.end):
+                k = _key(r["metric"], by)
+                agg.setdefault(k, {})[fn] = r["value"]
+        out = [
+            {
+                "host": k[0],
+                "gpu": k[1],
+                "index": k[2],
+                "model": k[3],
+                "mean": v.get("avg", 0.0),
+                "min": v.get("min", v.get("avg", 0.0)),
+            }
+            for k, v in agg.items()
+        ]
+        return sorted(out, key=lambda g: (g["host"], _rank_sort(g["index"]), g["gpu"]))
+
+
+def _rank_sort(label: str) -> tuple:
+    return (0, int(label), "") if label.isdigit() else (1, 0, label)
+
+
+def _known(runs: list[dict]) -> str:
+    if not runs:
+        return ""
+    items = [", ".join(f"{k}={v}" for k, v in sorted(r.items())) for r in runs[:8]]
+    more = f" (+{len(runs) - 8} more)" if len(runs) > 8 else ""
+    return "; runs in range: " + " | ".join(items) + more
+
+
+def _fmt_range(start: float, end: float) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S"
+    return f"{time.strftime(fmt, time.localtime(start))} .. {time.strftime(fmt, time.localtime(end))}"

@@ -1,0 +1,226 @@
+"""Where a report's numbers come from: run-end summary files or Prometheus.
+
+Both sources return the same *report* dict: the run-end summary's ``modes`` shape
+(aggregated over ranks) plus ``ranks`` (per process, per mode), ``gpus`` (per GPU
+utilization) and ``gpu_utilization`` (all GPUs). Failures raise :class:`ReportError`
+with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from otel_training import semconv as sc
+
+SUMMARY_SCHEMA = "otel-training/summary/v1"
+
+
+class ReportError(Exception):
+    """A problem the user must fix (bad file, unreachable server, unknown run)."""
+
+
+# ----------------------------------------------------------------------------- merging
+def _new_mode() -> dict[str, Any]:
+    return {
+        "steps": 0,
+        "samples": 0,
+        "step_time_s": 0.0,
+        "wall_s": 0.0,
+        "throughput_sps": 0.0,
+        "_phases": {},
+        "gpu_idle_s": {},
+    }
+
+
+def add_rank(
+    modes: dict[str, dict],
+    mode: str,
+    steps: float,
+    samples: float,
+    step_time: float,
+    phases: Iterable[tuple[str, str, float, float]],
+    idle: dict[str, float],
+    wall: float | None = None,
+) -> dict:
+    """Add one rank's numbers for ``mode``; returns that rank's own mode row."""
+    agg: dict[str, Any] = modes.setdefault(mode, _new_mode())
+    own: dict[str, Any] = {
+        "steps": int(round(steps)),
+        "samples": int(round(samples)),
+        "step_time_s": step_time,
+        "step_mean_s": step_time / steps if steps else 0.0,
+        "phases": {},
+        "phase_mean_s": {},
+    }
+    own["throughput_sps"] = samples / (wall or step_time) if samples and (wall or step_time) else 0.0
+    agg["steps"] += own["steps"]
+    agg["samples"] += own["samples"]
+    agg["step_time_s"] += step_time
+    agg["wall_s"] = max(agg["wall_s"], wall or step_time)
+    agg["throughput_sps"] += own["throughput_sps"]
+    for name, parent, total, count in phases:
+        t, c = agg["_phases"].get((name, parent), (0.0, 0))
+        agg["_phases"][(name, parent)] = (t + total, c + count)
+        if parent == sc.SPAN_STEP and step_time:
+            own["phases"][name] = total / step_time
+            own["phase_mean_s"][name] = total / steps if steps else 0.0
+    for name, secs in idle.items():
+        agg["gpu_idle_s"][name] = agg["gpu_idle_s"].get(name, 0.0) + secs
+    return own
+
+
+def finish_modes(modes: dict[str, dict]) -> dict[str, dict]:
+    """Turn accumulated totals into the summary's ``phases`` list with shares."""
+    for m in modes.values():
+        st, steps = m["step_time_s"], m["steps"]
+        m["step_mean_s"] = st / steps if steps else 0.0
+        m["phases"] = [
+            {
+                "name": n,
+                "parent": p,
+                "total_s": t,
+                "mean_s": t / steps if steps else 0.0,
+                "count": int(round(c)),
+                "share": t / st if st else 0.0,
+            }
+            for (n, p), (t, c) in sorted(m.pop("_phases").items(), key=lambda kv: -kv[1][0])
+        ]
+        idle = sum(m["gpu_idle_s"].values())
+        m["gpu_idle_share"] = idle / st if (st and m["gpu_idle_s"]) else None
+    return modes
+
+
+# ----------------------------------------------------------------------- summary files
+def read_summary(path: str) -> dict:
+    """One validated run-end summary file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ReportError(f"summary file {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"cannot read summary file {path!r}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"summary file {path!r} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
+        raise ReportError(
+            f"{path!r} is not an otel-training run summary (expected schema "
+            f"{SUMMARY_SCHEMA!r}; write one with OTEL_TRAINING_SUMMARY_FILE)"
+        )
+    modes: Any = data.get("modes")
+    try:
+        for m in modes.values():
+            for key in ("steps", "step_time_s"):
+                float(m[key])
+            for p in m.get("phases") or []:
+                p["name"], float(p["total_s"])
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ReportError(f"summary file {path!r} is malformed (missing or bad field {exc})") from None
+    return data
+
+
+def load_summaries(paths: list[str]) -> dict:
+    """Merge one summary file per rank into a report."""
+    files = [(p, read_summary(p)) for p in paths]
+    seen: dict = {}
+    for path, s in files:
+        key = (s.get("run_id"), s.get("rank"), s.get("pid"), s.get("host"))
+        if key in seen:
+            raise ReportError(f"{path!r} and {seen[key]!r} are the same process's summary")
+        seen[key] = path
+    runs = sorted({str(s.get("run_id")) for _, s in files})
+    modes: dict[str, dict] = {}
+    ranks: dict[str, list[dict]] = {}
+    tel = {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}
+    coverage: list[dict] = []
+    checks: list[dict] = []
+    for path, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0])):
+        who = {"rank": s.get("rank"), "host": s.get("host")}
+        if s.get("coverage"):
+            coverage.append({**who, **s["coverage"]})
+        checks.extend({**who, **f} for f in s.get("self_check") or ())
+        for mode, m in (s.get("modes") or {}).items():
+            if not m.get("steps"):
+                continue
+            phases = [
+                (p["name"], p.get("parent", sc.SPAN_STEP), float(p["total_s"]), float(p.get("count") or 0))
+                for p in m.get("phases") or []
+            ]
+            own = add_rank(
+                modes,
+                mode,
+                float(m["steps"]),
+                float(m.get("samples") or 0),
+                float(m["step_time_s"]),
+                phases,
+                dict(m.get("gpu_idle_s") or {}),
+                wall=float(m.get("wall_s") or 0) or None,
+            )
+            own.update(
+                rank=s.get("rank"),
+                host=s.get("host"),
+                pid=s.get("pid"),
+                file=path,
+                step_p50_s=m.get("step_p50_s"),
+                step_p90_s=m.get("step_p90_s"),
+                step_max_s=m.get("step_max_s"),
+            )
+            ranks.setdefault(mode, []).append(own)
+        for k in tel:
+            tel[k] += int((s.get("telemetry") or {}).get(k) or 0)
+    first = files[0][1]
+    for mode, rows in ranks.items():
+        modes[mode]["step_max_s"] = max((r["step_max_s"] or 0.0) for r in rows)
+        if len(rows) == 1:
+            modes[mode].update(step_p50_s=rows[0]["step_p50_s"], step_p90_s=rows[0]["step_p90_s"])
+    return {
+        "source": "summary",
+        "files": [p for p, _ in files],
+        "service": first.get("service"),
+        "run": ", ".join(runs),
+        "timing": first.get("timing"),
+        "world_size": first.get("world_size"),
+        "range": {
+            "start": min(s.get("started_at") or 0 for _, s in files),
+            "end": max(s.get("ended_at") or 0 for _, s in files),
+        },
+        "modes": finish_modes(modes),
+        "ranks": ranks,
+        "gpus": [],
+        "gpu_utilization": None,
+        "telemetry": tel,
+        "coverage": coverage,
+        "self_check": checks,
+    }
+
+
+# --------------------------------------------------------------------------- Prometheus
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``1d`` → seconds."""
+    m = _DURATION.match(text.strip())
+    if not m or float(m.group(1)) <= 0:
+        raise ReportError(f"{text!r} is not a duration: use e.g. 30m, 2h, 1d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds or ISO 8601 (``2025-01-31T12:00:00Z``) → unix seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ReportError(f"{text!r} is not a time: use unix seconds or ISO 8601") from None
+    if dt.tzinfo is None:
+        dt = dt.astimezone()
+    return dt.timestamp()

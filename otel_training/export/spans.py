@@ -1,0 +1,125 @@
+"""Spans of traced steps, built after the step from its record, with explicit timestamps."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Status, StatusCode
+
+from otel_training import semconv as sc
+from otel_training.export import sdk
+
+_ROOT_CONTEXT = Context()
+_INHERITED = (sc.ATTR_RANK, sc.ATTR_LOCAL_RANK, sc.ATTR_WORLD_SIZE)
+
+RandomIdGenerator: Any
+try:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+except ImportError:  # pragma: no cover - API only
+    RandomIdGenerator = None
+
+
+if RandomIdGenerator is not None:
+
+    class _PrivateRandomIdGenerator(RandomIdGenerator):
+        """The SDK's random ids, from a generator of our own: training scripts reseed
+        the global ``random`` (and torch.compile restores its state), which would
+        repeat the SDK's default ids -- traces merged, the same ids on every rank."""
+
+        def __init__(self) -> None:
+            self._random = random.Random()
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=self._random.seed)
+
+        def generate_span_id(self) -> int:
+            span_id = self._random.getrandbits(64)
+            while span_id == trace.INVALID_SPAN_ID:
+                span_id = self._random.getrandbits(64)
+            return span_id
+
+        def generate_trace_id(self) -> int:
+            trace_id = self._random.getrandbits(128)
+            while trace_id == trace.INVALID_TRACE_ID:
+                trace_id = self._random.getrandbits(128)
+            return trace_id
+
+    _PRIVATE_IDS = _PrivateRandomIdGenerator()
+
+
+def _private_ids(tracer) -> None:
+    """Give our own tracer (scope ``otel_training``) private random ids; a custom
+    id generator configured by the user is kept."""
+    if RandomIdGenerator is not None:
+        sdk.use_id_generator(tracer, _PRIVATE_IDS, RandomIdGenerator)
+
+
+class StepSpans:
+    """The span consumer: a ``step`` span and one child per phase for each traced
+    record (one with a ``trace_reason``), with explicit timestamps."""
+
+    def __init__(self, tracer: Any, attributes: dict[str, Any], offset: int, telemetry: Any) -> None:
+        self._tracer = tracer
+        self._attrs = dict(attributes)
+        self._inherited = {k: self._attrs[k] for k in _INHERITED if k in self._attrs}
+        self._offset = offset  # perf_counter ns -> epoch ns
+        self._telemetry = telemetry
+        _private_ids(tracer)
+
+    def add(self, records: Sequence[Any]) -> dict[int, Context]:
+        """Emit the traced records' spans; per traced record (by ``id``), the context
+        holding its root span (for exemplars)."""
+        out: dict[int, Context] = {}
+        for record in records:
+            if record.trace_reason is not None:
+                out[id(record)] = trace.set_span_in_context(self._emit(record))
+        return out
+
+    def _emit(self, record: Any) -> Any:
+        attrs = dict(self._attrs)
+        attrs[sc.ATTR_STEP] = record.number
+        attrs[sc.ATTR_MODE] = record.mode
+        attrs[sc.ATTR_UNTRACKED] = max(record.untracked_ns, 0) / 1e9
+        attrs[sc.ATTR_TRACE_REASON] = record.trace_reason
+        attrs[sc.ATTR_TIMING] = record.timing
+        if record.epoch is not None:
+            attrs[sc.ATTR_EPOCH] = record.epoch
+        if record.batch_size is not None:
+            attrs[sc.ATTR_BATCH_SIZE] = record.batch_size
+        if record.microbatches:
+            attrs[sc.ATTR_MICROBATCHES] = record.microbatches
+        if record.skipped:
+            attrs[sc.ATTR_UPDATE_SKIPPED] = True
+        tracer, offset, times, host = self._tracer, self._offset, record.times, record.host
+        device, idle = record.device, record.idle_by_phase
+        root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset, attributes=attrs)
+        root_ctx = trace.set_span_in_context(root)
+        spans: list = []
+        contexts: dict[int, Context] = {}  # made only for phases that have children
+        for i, p in enumerate(record.layout.phases):
+            parent_ctx = root_ctx
+            if p.parent >= 0:
+                known = contexts.get(p.parent)
+                if known is None:
+                    known = contexts[p.parent] = trace.set_span_in_context(spans[p.parent])
+                parent_ctx = known
+            a = dict(self._inherited)  # rank attributes go on every span
+            a[sc.ATTR_HOST_DURATION] = (host[p.end] - host[p.start]) / 1e9
+            if device is not None:
+                a[sc.ATTR_DEVICE_DURATION] = (times[p.end] - times[p.start]) / 1e9
+                if idle is not None and i in idle:
+                    a[sc.ATTR_GPU_IDLE] = idle[i] / 1e9
+            span = tracer.start_span(p.name, context=parent_ctx, start_time=times[p.start] + offset, attributes=a)
+            span.end(end_time=times[p.end] + offset)
+            spans.append(span)
+        error = record.error
+        if error is not None:
+            root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            root.record_exception(error)
+        root.end(end_time=times[-1] + offset)
+        self._telemetry.spans_created_add(1 + len(spans))
+        return root

@@ -1,0 +1,237 @@
+"""Pieces in, steps out: the step definition (docs/steps.md), applied.
+
+The tracker cuts the training thread's timeline into *pieces* where a step may
+end: a DataLoader batch, a forward after an optimizer update, an
+``optimizer.step(closure)``, a framework's batch fetch, the user's ``step()``.
+The ``StepAssembler`` decides which pieces make one step and hands each finished
+step on, numbered, in time order:
+
+- a training step is one optimizer update: pieces before it (gradient
+  accumulation, a rollout) merge into it, and every optimizer stepped in one
+  iteration (a GAN's D and G) counts once;
+- with no optimizer at all (manual updates), one backward pass is a step;
+- a piece with a forward and no backward is an eval step;
+- a piece that only waited for data (a loader fetching ahead) merges into the
+  next piece (the tracker drops the wait of a loader that ended: StopIteration
+  hands out no batch, so that time lies between steps, where coverage counts it).
+
+Everything runs on the training thread, O(1) per piece in the usual loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from otel_training.record.timeline import StepTimeline
+
+BOUNDARY_AUTO = "auto"
+BOUNDARY_OPTIMIZER = "optimizer"
+BOUNDARY_BACKWARD = "backward"
+BOUNDARY_DATALOADER = "dataloader"
+BOUNDARY_FORWARD = "forward"
+BOUNDARIES = (BOUNDARY_AUTO, BOUNDARY_OPTIMIZER, BOUNDARY_BACKWARD, BOUNDARY_DATALOADER, BOUNDARY_FORWARD)
+
+# Pieces merged into one step before it is handed on regardless: a loop whose
+# optimizer never steps must not hold the whole run in memory (the self-check
+# then names the cause).
+MAX_PIECES = 4096
+
+
+class StepAssembler:
+    """Groups the tracker's pieces into steps and hands them to ``sink``."""
+
+    def __init__(
+        self,
+        sink: Callable[[StepTimeline], None],
+        boundary: str = BOUNDARY_AUTO,
+        release: Callable[[list], None] | None = None,
+    ) -> None:
+        self._sink = sink
+        self._release = release  # gives a dropped piece's device tokens back
+        self.boundary = boundary
+        # Optimizers constructed since instrumentation (torch's Optimizer.__init__):
+        # with any alive, backward passes without an update are gradient accumulation.
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.alive: set = self.optimizers.data  # type: ignore[attr-defined]  # its set of weak references: len() in C
+        self.update_seen = False
+        self._next = 0
+        self._prefix: StepTimeline | None = None  # waits for data, for the next piece
+        self._pending: StepTimeline | None = None  # backward passes awaiting their update
+        self._pending_pieces = 0
+        self._held: StepTimeline | None = None  # an update another optimizer may join
+
+    # -- what the tracker asks -----------------------------------------------------------
+    @property
+    def per_backward(self) -> bool:
+        """True when each backward pass is a step of its own (no optimizer)."""
+        b = self.boundary
+        if b == BOUNDARY_BACKWARD:
+            return True
+        if b == BOUNDARY_OPTIMIZER:
+            return False
+        return not self.update_seen and not self.alive
+
+    # -- pieces in -----------------------------------------------------------------------
+    def add(self, piece: StepTimeline) -> None:
+        """One finished piece of the timeline."""
+        if piece.saw_optimizer and self._held is None and self._pending is None and self._prefix is None:
+            # The usual loop: a piece with its update, nothing held (no merging).
+            # (Optimizer ids are kept only where several optimizers exist.)
+            ids = piece.optimizers
+            if ids is None or len(ids) >= len(self.alive) or piece.hard or self.boundary != BOUNDARY_AUTO:
+                self.update_seen = True
+                self._emit(piece)
+                return
+        if piece.hard:  # the user's step(): a step as it is
+            self._resolve()
+            self._emit(self._with_prefix(piece))
+            return
+        if not (piece.saw_forward or piece.saw_backward or piece.saw_optimizer):
+            if piece.error is None:
+                self._prefix = piece if self._prefix is None else _absorb(self._prefix, piece)
+                return
+            # A wait that raised (the dataset failed): the step the run failed in.
+            self._resolve()
+            self._emit(self._with_prefix(piece))
+            return
+        piece = self._with_prefix(piece)
+        b = self.boundary
+        if b == BOUNDARY_FORWARD or (b == BOUNDARY_DATALOADER and piece.source is not None):
+            self._resolve()
+            self._emit(piece)
+        elif piece.saw_optimizer:
+            self._update(piece)
+        elif piece.saw_backward:
+            self._emit_held()
+            if self.per_backward:
+                pending, self._pending = self._pending, None
+                self._emit(piece if pending is None else _absorb(pending, piece))
+            else:
+                self._hold_pending(piece)
+        elif b == BOUNDARY_OPTIMIZER and piece.train_forward:
+            self._emit_held()
+            self._hold_pending(piece)
+        else:  # a forward batch without backward: an eval step
+            self._resolve()
+            self._emit(piece)
+
+    def close(self) -> None:
+        """The run ends: hand on what is held; a trailing wait is no step."""
+        self._resolve()
+        prefix, self._prefix = self._prefix, None
+        if prefix is not None:
+            self._drop(prefix)
+
+    # -- grouping ------------------------------------------------------------------------
+    def _with_prefix(self, piece: StepTimeline) -> StepTimeline:
+        """``piece`` with the waits before it merged in (the step that uses the batch)."""
+        prefix = self._prefix
+        if prefix is None:
+            return piece
+        self._prefix = None
+        batch_size, source, epoch = piece.batch_size, piece.source, piece.epoch
+        merged = _absorb(prefix, piece)
+        merged.batch_size, merged.source, merged.epoch = batch_size, source, epoch
+        return merged
+
+    def _hold_pending(self, piece: StepTimeline) -> None:
+        if self._pending is None:
+            self._pending, self._pending_pieces = piece, 1
+        else:
+            self._pending = _absorb(self._pending, piece)
+            self._pending_pieces += 1
+        if self._pending_pieces >= MAX_PIECES:
+            self._resolve()
+
+    def _update(self, piece: StepTimeline) -> None:
+        self.update_seen = True
+        held = self._held
+        if held is not None:
+            self._held = None
+            if self._pending is None and _disjoint(held.optimizers, piece.optimizers):
+                piece = _absorb(held, piece)  # another optimizer of the same iteration
+            else:
+                self._emit(held)
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            piece = _absorb(pending, piece)
+        ids = piece.optimizers
+        if ids is not None and len(ids) < len(self.alive):
+            self._held = piece  # the next piece tells whether another optimizer joins
+        else:
+            self._emit(piece)
+
+    def _emit_held(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._emit(held)
+
+    def _resolve(self) -> None:
+        """Hand on whatever is held: an update, and backward passes without one."""
+        self._emit_held()
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._emit(pending)
+
+    # -- steps out -----------------------------------------------------------------------
+    def _emit(self, step: StepTimeline) -> None:
+        # Steps leave in time order, numbered, never overlapping (coverage relies on it).
+        step.index = self._next
+        self._next += 1
+        self._sink(step)
+
+    @property
+    def steps(self) -> int:
+        """Steps handed on so far."""
+        return self._next
+
+    def _drop(self, piece: StepTimeline) -> None:
+        if self._release is not None and piece.tokens:
+            self._release(piece.tokens)
+
+
+def _disjoint(a: list | None, b: list | None) -> bool:
+    return a is not None and b is not None and not set(a).intersection(b)
+
+
+def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
+    """Append ``piece`` (later in time) to ``acc``; returns ``acc``."""
+    marks, tokens = acc.marks, acc.tokens
+    pm, pt = piece.marks, piece.tokens
+    # Consecutive pieces share the instant (and device token) one ended and the next began.
+    skip = 1 if (pm and marks and pm[0] == marks[-1] and (not tokens or not pt or pt[0] is tokens[-1])) else 0
+    offset = len(marks) - skip
+    marks.extend(pm[skip:] if skip else pm)
+    if tokens or pt:
+        tokens.extend(pt[skip:] if skip else pt)
+    if offset:
+        for rec in piece.phases:
+            rec.start += offset
+            if rec.end >= 0:
+                rec.end += offset
+    acc.phases.extend(piece.phases)
+    if not acc.saw_optimizer:  # micro-batches count up to the first update
+        acc.backwards += piece.backwards
+        acc.closure_backward = acc.closure_backward or piece.closure_backward
+    acc.saw_forward = acc.saw_forward or piece.saw_forward
+    acc.train_forward = acc.train_forward or piece.train_forward
+    acc.saw_backward = acc.saw_backward or piece.saw_backward
+    acc.saw_optimizer = acc.saw_optimizer or piece.saw_optimizer
+    acc.updates += piece.updates
+    acc.skipped += piece.skipped
+    if piece.optimizers:
+        if acc.optimizers is None:
+            acc.optimizers = list(piece.optimizers)
+        else:
+            acc.optimizers.extend(i for i in piece.optimizers if i not in acc.optimizers)
+    if piece.microbatches is not None:
+        acc.microbatches = (acc.microbatches or 0) + piece.microbatches
+    if piece.batch_size is not None:
+        acc.batch_size = (acc.batch_size or 0) + piece.batch_size
+    if acc.error is None:
+        acc.error = piece.error
+    return acc

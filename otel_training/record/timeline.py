@@ -1,0 +1,105 @@
+"""The per-step timeline: what the training thread records, cheaply.
+
+A step is a list of *marks* (host timestamps, each with an optional device token
+from the DeviceTimer) and a list of phases that start and end at marks. Nothing
+here talks to OpenTelemetry: the pipeline turns finished timelines into spans and
+metrics off the training thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_training import semconv as sc
+
+
+class PhaseRecord:
+    """One phase occurrence: indices into its step's marks."""
+
+    __slots__ = ("name", "parent", "start", "end", "auto", "up")
+
+    def __init__(self, name: str, parent: str, start: int, auto: bool, up: PhaseRecord | None = None):
+        self.name = name
+        self.parent = parent  # "step" for top-level phases
+        self.up = up  # the enclosing record, None for top-level
+        self.start = start
+        self.end = -1  # -1 while open
+        self.auto = auto  # recorded by a hook (not by the user's phase())
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"PhaseRecord({self.name!r}, parent={self.parent!r}, {self.start}->{self.end})"
+
+
+class StepTimeline:
+    """Everything recorded about one step (or one piece of a step, before the
+    assembler merges pieces), in host-clock nanoseconds."""
+
+    __slots__ = (
+        "index",
+        "epoch",
+        "batch_size",
+        "marks",
+        "tokens",
+        "phases",
+        "saw_backward",
+        "saw_optimizer",
+        "saw_forward",
+        "train_forward",
+        "error",
+        "source",
+        "backwards",
+        "closure_backward",
+        "updates",
+        "skipped",
+        "optimizers",
+        "microbatches",
+        "hard",
+    )
+
+    def __init__(self, index: int, epoch: int | None, source: Any = None):
+        self.index = index  # -1 until the assembler numbers the finished step
+        self.epoch = epoch
+        self.batch_size: int | None = None
+        self.marks: list[int] = []  # perf_counter_ns on the training thread
+        self.tokens: list[Any] = []  # DeviceTimer tokens, parallel to marks
+        self.phases: list[PhaseRecord] = []
+        self.saw_backward = False
+        self.saw_optimizer = False  # an optimizer step ran (or a GradScaler step skipped it)
+        self.saw_forward = False
+        self.train_forward = False  # a forward with gradients on and its root in train mode
+        self.error: BaseException | None = None
+        self.source = source  # id() of the DataLoader iterator that started it, or None
+        self.backwards = 0  # backward passes outside optimizer steps, before the first one
+        self.closure_backward = False  # an optimizer step's closure ran a backward
+        self.updates = 0  # optimizer steps that ran (torch's step hooks)
+        self.skipped = 0  # GradScaler steps that skipped their optimizer (inf/NaN)
+        self.optimizers: list[int] | None = None  # id()s of the optimizers stepped
+        self.microbatches: int | None = None  # set by an integration that knows them
+        self.hard = False  # bounded by the user's step() (never merged with others)
+
+    @property
+    def mode(self) -> str:
+        return sc.MODE_TRAIN if (self.saw_backward or self.saw_optimizer) else sc.MODE_EVAL
+
+    @property
+    def start_ns(self) -> int:
+        return self.marks[0]
+
+    @property
+    def end_ns(self) -> int:
+        return self.marks[-1]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.marks[-1] - self.marks[0]
+
+
+def has_work(step: StepTimeline) -> bool:
+    """Whether a piece holds more than waits for data."""
+    phases = step.phases
+    if phases and phases[-1].name != sc.PHASE_DATALOADER_NEXT:
+        return True  # the usual case, at once
+    for rec in phases:
+        if rec.name != sc.PHASE_DATALOADER_NEXT:
+            return True
+    return False
