@@ -1,8 +1,39 @@
-"""What a batch holds: its size (samples), inferred from its tensors' shapes."""
+"""What a batch holds: its size (samples) and its tokens, from its tensors' shapes.
+
+Samples: the first dimension of the batch's first tensor (one level deep).
+Tokens: the elements of a token-id tensor -- an integer tensor of rank 2 (batch,
+sequence): a dict batch's ``input_ids`` (else its first tensor), a list or tuple
+batch's first tensor (``x`` of nanoGPT's ``x, y``; never the labels after it).
+With an ``attention_mask`` beside ``input_ids`` the padding is left out: tokens are
+the mask's sum. That sum is not taken here: a CPU mask is kept and summed on the
+pipeline thread; on an accelerator the sum is launched here (asynchronous, no sync)
+and its value read on the pipeline thread.
+
+Training thread: shape and dtype reads only, a few hundred nanoseconds a batch.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from typing import Any
+
+_INT_NAMES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64")
+_ints: frozenset = frozenset()  # torch's integer dtypes, once torch is imported
+
+
+def _int_dtypes() -> frozenset:
+    global _ints
+    torch = sys.modules.get("torch")
+    if torch is not None and not _ints:
+        _ints = frozenset(getattr(torch, n) for n in _INT_NAMES if hasattr(torch, n))
+    return _ints
+
+
+def is_token_ids(t: Any) -> bool:
+    """An integer tensor of rank 2 (batch, sequence)."""
+    shape = getattr(t, "shape", None)
+    return shape is not None and len(shape) == 2 and getattr(t, "dtype", None) in (_ints or _int_dtypes())
 
 
 def infer_batch_size(batch: Any) -> int | None:
@@ -25,3 +56,99 @@ def infer_batch_size(batch: Any) -> int | None:
     except Exception:
         return None
     return None
+
+
+def read_batch(batch: Any, step: Any) -> None:
+    """Set ``step.batch_size`` and its tokens from a DataLoader batch (the first
+    batch of a piece: the caller checks ``step.batch_size is None``)."""
+    try:
+        if isinstance(batch, (list, tuple)):
+            for item in batch:
+                shape = getattr(item, "shape", None)
+                if shape is not None and len(shape):
+                    step.batch_size = int(shape[0])
+                    if len(shape) == 2 and item.dtype in (_ints or _int_dtypes()):
+                        step.token_count = int(shape[0]) * int(shape[1])
+                    return
+        elif isinstance(batch, Mapping):
+            _read_mapping(batch, step)
+        else:
+            shape = getattr(batch, "shape", None)
+            if shape is not None and len(shape):
+                step.batch_size = int(shape[0])
+                if is_token_ids(batch):
+                    step.token_count = int(shape[0]) * int(shape[1])
+    except Exception:
+        return
+
+
+def read_inputs(args: tuple, kwargs: dict | None, step: Any) -> None:
+    """Add a root forward's inputs to ``step`` (no DataLoader drives the loop):
+    ``model(x, y)``, ``model(input_ids, attention_mask=m)``, ``model(**batch)``."""
+    try:
+        first = None
+        for item in args:
+            shape = getattr(item, "shape", None)
+            if shape is not None and len(shape):
+                first = item
+                break
+        if first is None:
+            if kwargs:
+                _read_mapping(kwargs, step, add=True)
+            return
+        shape = first.shape
+        step.batch_size = (step.batch_size or 0) + int(shape[0])
+        if is_token_ids(first):
+            mask = kwargs.get("attention_mask") if kwargs else None
+            _add_tokens(step, first, mask)
+    except Exception:
+        return
+
+
+def _read_mapping(batch: Mapping, step: Any, add: bool = False) -> None:
+    ids = batch.get("input_ids")
+    if ids is None:
+        for ids in batch.values():
+            shape = getattr(ids, "shape", None)
+            if shape is not None and len(shape):
+                break
+        else:
+            return
+    shape = getattr(ids, "shape", None)
+    if shape is None or not len(shape):
+        return
+    step.batch_size = ((step.batch_size or 0) if add else 0) + int(shape[0])
+    if is_token_ids(ids):
+        _add_tokens(step, ids, batch.get("attention_mask"))
+
+
+def _add_tokens(step: Any, ids: Any, mask: Any) -> None:
+    """Tokens of ``ids``: all its elements, or the mask's sum (deferred)."""
+    if mask is not None and getattr(mask, "shape", None) == ids.shape:
+        pending = mask if mask.device.type == "cpu" else mask.sum()  # launched, never waited for
+        if step.token_masks is None:
+            step.token_masks = [pending]
+        else:
+            step.token_masks.append(pending)
+        return
+    shape = ids.shape
+    step.token_count = (step.token_count or 0) + int(shape[0]) * int(shape[1])
+
+
+def mask_tokens(masks: list) -> int | None:
+    """The deferred masks' tokens (pipeline thread): a CPU mask is summed, an
+    accelerator's sum (0-dim) is read -- a wait of this thread alone, for a kernel
+    launched when its batch arrived. None if a mask cannot be read."""
+    total = 0
+    try:
+        for m in masks:
+            if m.dim() == 0:
+                total += int(m)
+                continue
+            try:  # numpy: a single-threaded sum, no second OpenMP team beside training's
+                total += int(m.numpy().sum())
+            except Exception:
+                total += int(m.sum())
+    except Exception:
+        return None
+    return total

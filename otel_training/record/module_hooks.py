@@ -35,6 +35,7 @@ import torch
 from torch.nn.modules import module as _module
 
 from otel_training.handles import Handles
+from otel_training.record.tracker import DRIVER_NONE
 from otel_training.semconv import PHASE_FORWARD as _FORWARD
 
 # torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
@@ -128,7 +129,7 @@ class RootModuleHooks:
                 return None
             self._add_root(module)
             # This call is already past our timed call: time it with a one-shot hook.
-            if self._begin(module, _is_loss(module)):
+            if self._begin(module, _is_loss(module), args):
                 once: Any = None
 
                 def end_once(mod, args, output):
@@ -141,9 +142,10 @@ class RootModuleHooks:
         return None
 
     # -- timing a root's call ---------------------------------------------------------
-    def _begin(self, module, loss: bool = False) -> bool:
+    def _begin(self, module, loss: bool = False, args: tuple = (), kwargs: dict | None = None) -> bool:
         """A root call begins; True if it is the training thread's (``_end`` follows).
-        ``loss``: the root has no parameters (a loss module)."""
+        ``loss``: the root has no parameters (a loss module); ``args``, ``kwargs``: its
+        inputs (samples and tokens are read from them when no DataLoader drives)."""
         tracker = self._tracker
         ours = False
         try:
@@ -154,6 +156,8 @@ class RootModuleHooks:
             if self.depth == 1:
                 self.step_saw_root = True
                 tracker.forward_begin(module, loss)
+                if not loss and tracker.driver == DRIVER_NONE:
+                    tracker.forward_inputs(module, args, kwargs)
         except Exception as exc:
             self._on_error("forward", exc)
         return ours
@@ -186,7 +190,7 @@ class RootModuleHooks:
             if _is_compiling():  # inside compiled code: stay out of the graph
                 return impl(mod, *args, **kwargs) if inner is None else inner(*args, **kwargs)
             lifted = lift and hooks._suspend()
-            ours = hooks._begin(mod, loss)
+            ours = hooks._begin(mod, loss, args, kwargs)
             try:
                 result = impl(mod, *args, **kwargs) if inner is None else inner(*args, **kwargs)
             except BaseException as exc:
@@ -276,6 +280,11 @@ class RootModuleHooks:
             self.arm()
         self.step_saw_root = False
         self.depth = 0
+
+    def has_compiled(self) -> bool:
+        """Whether a compiled module (``torch.compile``, ``module.compile()``) was seen."""
+        cls = _optimized_module_class()
+        return bool(self._compiled) or (cls is not None and any(isinstance(m, cls) for m in self._roots.keys()))
 
     def roots(self) -> list:
         return list(self._roots.keys()) + [m for m in self._compiled if m not in self._roots]

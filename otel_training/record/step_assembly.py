@@ -61,6 +61,10 @@ class StepAssembler:
         self._pending_pieces = 0
         self._held: StepTimeline | None = None  # an update another optimizer may join
 
+    def set_sink(self, sink: Callable[[StepTimeline], None]) -> None:
+        """Hand finished steps to ``sink`` from now on (the FLOP probe leaves the path)."""
+        self._sink = sink
+
     # -- what the tracker asks -----------------------------------------------------------
     @property
     def per_backward(self) -> bool:
@@ -131,8 +135,10 @@ class StepAssembler:
             return piece
         self._prefix = None
         batch_size, source, epoch = piece.batch_size, piece.source, piece.epoch
+        tokens, masks = piece.token_count, piece.token_masks
         merged = _absorb(prefix, piece)
         merged.batch_size, merged.source, merged.epoch = batch_size, source, epoch
+        merged.token_count, merged.token_masks = tokens, masks
         return merged
 
     def _hold_pending(self, piece: StepTimeline) -> None:
@@ -232,6 +238,14 @@ def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
         acc.microbatches = (acc.microbatches or 0) + piece.microbatches
     if piece.batch_size is not None:
         acc.batch_size = (acc.batch_size or 0) + piece.batch_size
+    if piece.token_count is not None:
+        acc.token_count = (acc.token_count or 0) + piece.token_count
+    if piece.token_masks is not None:
+        acc.token_masks = piece.token_masks if acc.token_masks is None else acc.token_masks + piece.token_masks
+    if piece.flops is not None:
+        acc.flops = piece.flops
+    if piece.memory is not None:  # the latest reading: the step's end
+        acc.memory = piece.memory
     if acc.error is None:
         acc.error = piece.error
     return acc

@@ -54,6 +54,10 @@ class StepTimeline:
         "optimizers",
         "microbatches",
         "hard",
+        "token_count",
+        "token_masks",
+        "flops",
+        "memory",
     )
 
     def __init__(self, index: int, epoch: int | None, source: Any = None):
@@ -76,6 +80,10 @@ class StepTimeline:
         self.optimizers: list[int] | None = None  # id()s of the optimizers stepped
         self.microbatches: int | None = None  # set by an integration that knows them
         self.hard = False  # bounded by the user's step() (never merged with others)
+        self.token_count: int | None = None  # token ids in the step's batches (record/batches.py)
+        self.token_masks: list | None = None  # attention masks (or their device sums), summed later
+        self.flops: Any = None  # a FlopCount, on the step that ends the count (record/flops.py)
+        self.memory: Any = None  # a MemoryReading taken at the step's end (record/memory.py)
 
     @property
     def mode(self) -> str:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from otel_training import semconv as sc
-from otel_training.record.batches import infer_batch_size
+from otel_training.record.batches import read_batch, read_inputs
 from otel_training.record.phase_stack import BATCH as _BATCH
 from otel_training.record.phase_stack import PhaseStack, grad_enabled
 from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
@@ -56,6 +56,7 @@ class Tracker(PhaseStack):
         self._optimizers: list[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
         self.driver = DRIVER_NONE
         self.thread: int | None = None  # the training thread's ident
+        self.memory: Any = None  # a MemoryReader (record/memory.py): read at step ends, when due
 
     # ------------------------------------------------------------------ basics
     def on_training_thread(self, bind: bool = False) -> bool:
@@ -139,6 +140,9 @@ class Tracker(PhaseStack):
         self._stack = []
         self._batch = None
         self._optimizers = []
+        memory = self.memory
+        if memory is not None and now >= memory.due:  # at most every few ms: see record/memory.py
+            step.memory = memory.read(now)
         self._sink(step)
         after = self.after_step
         if after is not None:
@@ -212,7 +216,7 @@ class Tracker(PhaseStack):
         self.end_phase(sc.PHASE_DATALOADER_NEXT)
         step = self.step
         if step.batch_size is None:
-            step.batch_size = infer_batch_size(batch)
+            read_batch(batch, step)
         if not self._stack:
             self._to_device_from = len(step.marks) - 1
 
@@ -282,6 +286,14 @@ class Tracker(PhaseStack):
         step.saw_forward = True
         if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
             step.train_forward = True
+
+    def forward_inputs(self, root: Any, args: tuple, kwargs: dict | None) -> None:
+        """A root forward's inputs, when no DataLoader drives: samples and tokens of
+        each forward of the step's first root, outside optimizer steps (nanoGPT's
+        ``model(x, y)`` per micro-batch; not an LBFGS closure's re-evaluations)."""
+        step = self.step
+        if step is not None and root is self._step_root and not self._optimizers:
+            read_inputs(args, kwargs, step)
 
     def _cuts(self, step: StepTimeline, root: Any) -> bool:
         """Whether a root forward (not continuing the last) begins a new piece;

@@ -1,0 +1,214 @@
+"""FLOPs per training step, counted once per run on one real step (training thread).
+
+``FlopProbe`` sits between the step assembler and the pipeline until it is done.
+After ``WARMUP`` training steps it enters ``torch.utils.flop_counter.FlopCounterMode``
+as one step is handed on, and leaves it as the next is: the ops in between -- one
+whole step, its micro-batches and optimizer update included -- are counted (the
+matmuls, convolutions and attention kernels torch has FLOP formulas for), and that
+step's timeline carries the ``FlopCount`` to the pipeline. That one step runs slower
+(every op goes through Python dispatch): its extra time is ``FlopCount.cost_s``.
+Then the probe takes itself out of the path: no cost on later steps.
+
+The counted ops' dtypes (and devices) give the peak (``hardware/peaks.py``) for MFU,
+unless ``OTEL_TRAINING_PEAK_FLOPS`` gives it. ``OTEL_TRAINING_FLOPS_PER_STEP`` gives
+the count itself (nothing is measured; the table's bf16 peak, as nanoGPT's MFU does),
+``0`` turns FLOPs off. Not counted, with one log line: compiled modules (dynamo and
+a dispatch mode do not mix), a step under CUDA graph capture, a step that counts no
+FLOPs (only kernels torch has no formula for).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections import defaultdict
+from typing import Any, Callable, NamedTuple
+
+logger = logging.getLogger("otel_training")
+
+WARMUP = 3  # training steps handed on before the count begins
+MAX_TRIES = 8  # windows that ended on an eval step or under capture, before giving up
+SOURCE_MEASURED = "measured"
+SOURCE_GIVEN = "OTEL_TRAINING_FLOPS_PER_STEP"
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+class FlopCount(NamedTuple):
+    """FLOPs of one training step and what MFU divides them by."""
+
+    per_step: float
+    peak: float | None  # peak FLOP/s of the device for ``dtype``, if known
+    dtype: str | None  # the dtype most FLOPs ran in: bf16, fp16, tf32, fp32, fp8
+    device: str | None  # the GPU model, or "cpu"
+    source: str  # SOURCE_MEASURED or SOURCE_GIVEN
+    step: int | None = None  # the step counted
+    cost_s: float | None = None  # how much longer that step took (the one-off cost)
+
+
+class FlopProbe:
+    """The assembler's sink until FLOPs are known (or cannot be): ``__call__(step)``."""
+
+    def __init__(
+        self,
+        assembler: Any,
+        sink: Callable[[Any], None],
+        flops_per_step: float | None,
+        peak: float | None,
+        compiled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._assembler = assembler
+        self._sink = sink
+        self._given = flops_per_step
+        self._peak = peak
+        self._compiled = compiled
+        self._train_steps = 0
+        self._tries = 0
+        self._counter: Any = None  # the FlopCounterMode while counting
+        self._tallies: dict = defaultdict(float)  # (device type, dtype) -> FLOPs
+        self._thread: int | None = None
+        self._last_ns = 0  # duration of the last training step before the count
+        self.done = False
+
+    def __call__(self, step: Any) -> None:
+        try:
+            self._on_step(step)
+        except Exception as exc:  # our bug: never the user's problem
+            logger.warning("otel-training: FLOPs not counted (%s: %s)", type(exc).__name__, exc)
+            self._finish()
+        self._sink(step)
+
+    def _on_step(self, step: Any) -> None:
+        train = step.saw_backward or step.saw_optimizer
+        if self._counter is not None:
+            self._stop_counting(step, train)
+            return
+        if not train:
+            return
+        if self._given is not None:
+            step.flops = FlopCount(self._given, self._peak or _table_peak("bf16"), None, None, SOURCE_GIVEN)
+            self._finish()
+            return
+        self._train_steps += 1
+        self._last_ns = step.marks[-1] - step.marks[0] if step.marks else 0
+        if self._train_steps >= WARMUP:
+            self._start_counting()
+
+    def _start_counting(self) -> None:
+        if self._compiled():
+            self._give_up("compiled modules run (set OTEL_TRAINING_FLOPS_PER_STEP to give the count)")
+            return
+        torch = sys.modules.get("torch")
+        if torch is None:
+            self._finish()
+            return
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            self._retry("the step runs under CUDA graph capture")
+            return
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        tallies = self._tallies
+        # Each formula also adds its FLOPs under the dtype and device of its first
+        # tensor argument: the dtype that most FLOPs ran in picks the peak.
+        counter.flop_registry = {k: _tallied(f, tallies) for k, f in counter.flop_registry.items()}
+        counter.__enter__()
+        self._counter = counter
+        self._thread = threading.get_ident()
+
+    def _stop_counting(self, step: Any, train: bool) -> None:
+        counter, self._counter = self._counter, None
+        counter.__exit__(None, None, None)
+        total = counter.get_total_flops()
+        if not train or step.error is not None:
+            self._tallies.clear()
+            self._retry("the counted step was no training step")
+            return
+        if total <= 0:
+            self._give_up("the step ran no op with a FLOP formula (custom kernels?)")
+            return
+        device, dtype = max(self._tallies.items(), key=lambda kv: kv[1])[0] if self._tallies else (None, None)
+        if dtype == "fp32" and device == "cuda" and _tf32():
+            dtype = "tf32"
+        name = _device_name(device)
+        peak = self._peak if self._peak is not None else _table_peak(dtype, name)
+        duration = step.marks[-1] - step.marks[0] if step.marks else 0
+        cost = max(0.0, (duration - self._last_ns) / 1e9) if self._last_ns else None
+        step.flops = FlopCount(float(total), peak, dtype, name, SOURCE_MEASURED, cost_s=cost)
+        self._finish()
+
+    def _retry(self, why: str) -> None:
+        self._tries += 1
+        if self._tries >= MAX_TRIES:
+            self._give_up(why)
+
+    def _give_up(self, why: str) -> None:
+        logger.warning("otel-training: FLOPs per step not counted: %s", why)
+        self._finish()
+
+    def _finish(self) -> None:
+        """Leave the step path: the assembler hands steps to the pipeline directly."""
+        self.close()
+        self.done = True
+        self._assembler.set_sink(self._sink)
+
+    def close(self) -> None:
+        """Leave the counting mode if a count is open (only its own thread can)."""
+        counter, self._counter = self._counter, None
+        if counter is not None and self._thread == threading.get_ident():
+            try:
+                counter.__exit__(None, None, None)
+            except Exception:  # pragma: no cover
+                pass
+
+
+def attach_flop_probe(assembler: Any, sink: Callable, config: Any, compiled: Callable[[], bool]) -> FlopProbe | None:
+    """A probe between ``assembler`` and ``sink`` (the pipeline), unless FLOPs are off."""
+    if config.flops_per_step == 0:
+        return None
+    probe = FlopProbe(assembler, sink, config.flops_per_step, config.peak_flops, compiled)
+    assembler.set_sink(probe)
+    return probe
+
+
+def _tallied(formula: Callable, tallies: dict) -> Callable:
+    def count(*args: Any, **kwargs: Any) -> int:
+        flops = formula(*args, **kwargs)
+        for a in args:
+            dtype = getattr(a, "dtype", None)
+            if dtype is not None:
+                name = str(dtype).rsplit(".", 1)[-1]
+                key = _DTYPES.get(name, "fp8" if name.startswith("float8") else name)
+                tallies[(a.device.type, key)] += flops
+                break
+        return flops
+
+    return count
+
+
+def _tf32() -> bool:
+    torch = sys.modules["torch"]
+    try:
+        return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    except Exception:
+        return False
+
+
+def _device_name(device_type: str | None) -> str | None:
+    if device_type == "cuda":
+        try:
+            return str(sys.modules["torch"].cuda.get_device_name())
+        except Exception:
+            return None
+    return device_type
+
+
+def _table_peak(dtype: str | None, name: str | None = None) -> float | None:
+    from otel_training.hardware.peaks import peak_flops
+
+    if name is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        name = _device_name("cuda")
+    return peak_flops(name, dtype)
