@@ -113,6 +113,9 @@ class Config:
     shutdown_timeout: float = 2.0
     integrations: tuple = _INTEGRATIONS
     step_boundary: str = "auto"
+    flops_per_step: float | None = None  # None: counted once on a real step; 0: no FLOPs
+    peak_flops: float | None = None  # None: the GPU table
+    memory: bool = True
 
 
 # field name -> (variable, parser)
@@ -129,6 +132,9 @@ _SPEC: Mapping[str, tuple] = {
     "shutdown_timeout": (ev.OTEL_TRAINING_SHUTDOWN_TIMEOUT, _number(0.0, exclusive=True)),
     "integrations": (ev.OTEL_TRAINING_INTEGRATIONS, _integrations),
     "step_boundary": (ev.OTEL_TRAINING_STEP_BOUNDARY, _choice(*BOUNDARIES)),
+    "flops_per_step": (ev.OTEL_TRAINING_FLOPS_PER_STEP, _number(0.0, exclusive=True, zero_ok=True)),
+    "peak_flops": (ev.OTEL_TRAINING_PEAK_FLOPS, _number(0.0, exclusive=True)),
+    "memory": (ev.OTEL_TRAINING_MEMORY, _bool),
 }
 
 assert set(_SPEC) == {f.name for f in fields(Config)}

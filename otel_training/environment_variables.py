@@ -108,3 +108,33 @@ backward), ``backward`` (each backward pass is a step), ``dataloader`` (each
 DataLoader batch is a step), ``forward`` (each root forward begins a step). The
 manual ``otel_training.step()`` always wins.
 """
+
+OTEL_TRAINING_FLOPS_PER_STEP = "OTEL_TRAINING_FLOPS_PER_STEP"
+"""
+.. envvar:: OTEL_TRAINING_FLOPS_PER_STEP
+
+Floating-point operations of one training step (all its micro-batches), e.g.
+``6.2e12``: a number > 0, used instead of counting them. Unset (default): they are
+counted once per run by ``torch.utils.flop_counter.FlopCounterMode`` on one real
+training step after warm-up (docs/performance.md gives its one-off cost). ``0`` turns
+FLOPs and MFU off.
+"""
+
+OTEL_TRAINING_PEAK_FLOPS = "OTEL_TRAINING_PEAK_FLOPS"
+"""
+.. envvar:: OTEL_TRAINING_PEAK_FLOPS
+
+Peak FLOP/s of the device one process trains on, e.g. ``989e12``: a number > 0, the
+denominator of ``training.mfu``. Unset (default): NVIDIA's dense peak for the GPU model
+and the dtype most FLOPs ran in (``otel_training/hardware/peaks.py``); a CPU run, or a
+GPU or dtype missing from the table, reports FLOP/s but no MFU.
+"""
+
+OTEL_TRAINING_MEMORY = "OTEL_TRAINING_MEMORY"
+"""
+.. envvar:: OTEL_TRAINING_MEMORY
+
+``true`` (default) reads memory at step ends (CUDA caching-allocator statistics, or the
+process's RSS without CUDA), at most every 10 ms, for the memory metrics and the
+memory-creep finding; ``false`` turns the reads off.
+"""

@@ -18,6 +18,7 @@ from typing import Any
 
 from otel_training import processes
 from otel_training import semconv as sc
+from otel_training.aggregate.memory import MemoryTrend
 from otel_training.aggregate.pipeline import Pipeline
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary, SummaryFile
@@ -29,6 +30,8 @@ from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
 from otel_training.handles import Handles
 from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
+from otel_training.record.flops import attach_flop_probe
+from otel_training.record.memory import MemoryReader
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.version import __version__
@@ -90,6 +93,8 @@ class Runtime:
             "pid": os.getpid(),
         }
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
+        self.memory_trend = MemoryTrend()
+        consumers = self._perf_consumers(meter, common)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset, self.telemetry),
             metrics=StepMetrics(
@@ -105,11 +110,14 @@ class Runtime:
             timer=self.timer,
             telemetry=self.telemetry,
             offset=offset,
+            consumers=consumers,
         )
         self._started_ns = time.perf_counter_ns()
-        self.tracker = Tracker(
-            StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release), self.timer
-        )
+        assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)
+        self.tracker = Tracker(assembler, self.timer)
+        # FLOPs per step counted once (record/flops.py); memory read at step ends (record/memory.py)
+        self.flop_probe = attach_flop_probe(assembler, self.pipeline.submit, config, self._compiled)
+        self.tracker.memory = MemoryReader() if config.memory else None
         self.module_hooks: Any = None  # RootModuleHooks, once installed
         self.handles = Handles()  # every attachment; uninstall removes them in reverse
         self.hardware: Any = None  # HardwareMetrics, when sampling
@@ -124,6 +132,20 @@ class Runtime:
         self.summary_file = SummaryFile(config.summary_file, self.info.rank)
 
     # -- wiring -------------------------------------------------------------------------
+    def _perf_consumers(self, meter: Any, common: dict) -> list:
+        """The memory trend, and the tokens/FLOPs/MFU and memory instruments."""
+        try:
+            from otel_training.export.throughput import perf_metrics
+
+            return [self.memory_trend, *perf_metrics(meter, common, self.memory_trend, self.config.memory)]
+        except Exception as exc:
+            self.on_error("metrics", exc)
+            return [self.memory_trend]
+
+    def _compiled(self) -> bool:
+        hooks = self.module_hooks
+        return hooks is not None and hooks.has_compiled()
+
     def on_error(self, component: str, exc: BaseException) -> None:
         self.telemetry.internal_error(component, exc)
 
@@ -299,6 +321,9 @@ class Runtime:
         summary["step_boundary"] = self.config.step_boundary
         summary["coverage"] = coverage.to_dict(self._started_ns)
         summary["self_check"] = coverage.self_check()
+        memory = self.memory_trend.to_dict()
+        if memory is not None:
+            summary["memory"] = memory
         return summary
 
     def shutdown(self, final: bool = True) -> None:
@@ -327,6 +352,10 @@ class Runtime:
             self.on_error("shutdown", exc)
         try:
             self.tracker.close()  # steps the assembler still holds
+            if self.flop_probe is not None:
+                self.flop_probe.close()  # a count still open (the run ended inside it)
+            if self.tracker.memory is not None:
+                self.tracker.memory.close()
         except Exception as exc:
             self.on_error("shutdown", exc)
         try:

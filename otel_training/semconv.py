@@ -43,6 +43,8 @@ ATTR_TRACE_REASON = "training.trace.reason"  # "slow" | "sampled" | "error" | "f
 ATTR_MICROBATCHES = "training.step.microbatches"  # train steps: batches accumulated
 ATTR_UPDATE_SKIPPED = "training.step.update_skipped"  # a GradScaler step skipped the update
 ATTR_COMPONENT = "training.telemetry.component"
+ATTR_TOKENS = "training.step.tokens"  # token ids in the step's batches (padding left out)
+ATTR_HW_ID = "hw.id"  # the GPU's UUID (memory metrics of a CUDA device), as the hardware gauges
 
 MODE_TRAIN = "train"
 MODE_EVAL = "eval"
@@ -56,6 +58,17 @@ METRIC_MICROBATCHES = "training.microbatches"
 METRIC_SKIPPED_UPDATES = "training.skipped_updates"
 METRIC_GPU_IDLE = "training.gpu.idle"
 METRIC_PHASE_OPEN_DURATION = "training.phase.open.duration"  # gauge: a hang shows here
+METRIC_TOKENS = "training.tokens"
+METRIC_FLOPS = "training.flops"
+METRIC_MFU = "training.mfu"  # gauge: achieved FLOP/s / peak FLOP/s
+
+# --- memory per step ---------------------------------------------------------------
+METRIC_MEMORY_ALLOCATED = "training.memory.allocated"  # CUDA: bytes allocated at step end
+METRIC_MEMORY_PEAK_ALLOCATED = "training.memory.peak_allocated"
+METRIC_MEMORY_PEAK_RESERVED = "training.memory.peak_reserved"
+METRIC_MEMORY_ALLOC_RETRIES = "training.memory.alloc_retries"
+METRIC_MEMORY_OOMS = "training.memory.ooms"
+METRIC_MEMORY_RSS = "training.memory.rss"  # CPU: process RSS at step end
 
 # --- self-telemetry --------------------------------------------------------------
 METRIC_SPANS_DROPPED = "training.telemetry.spans.dropped"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from otel_training.aggregate.coverage import Coverage
@@ -44,8 +45,10 @@ class Pipeline:
         timer: Any,
         telemetry: Any,
         offset: int,
+        consumers: Sequence[Any] = (),
     ) -> None:
         self.summary = summary
+        self.consumers = tuple(consumers)  # more record consumers (memory trend, throughput), after the summary
         self.coverage = Coverage()  # (steps arrive in time order)
         self._resolver = Resolver(timer, capture)
         self._spans = spans
@@ -158,7 +161,7 @@ class Pipeline:
         if not batch:
             return
         telemetry = self._telemetry
-        for consumer in (self.coverage, self.summary):
+        for consumer in (self.coverage, self.summary, *self.consumers):
             try:
                 consumer.add(batch)
             except Exception as exc:

@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple
 from otel_training import semconv as sc
 from otel_training.aggregate.idle import idle_between, synchronized_marks
 from otel_training.aggregate.sampling import TailCapture
+from otel_training.record.batches import mask_tokens
 from otel_training.record.timeline import PhaseRecord, StepTimeline
 
 UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)  # the (name, parent) of untracked time
@@ -121,6 +122,9 @@ class StepRecord(NamedTuple):
     error: BaseException | None
     trace_reason: str | None  # why it is traced (first, error, slow, sampled), or None
     timing: str  # ``off`` (host clocks), ``events`` or ``sync``
+    tokens: int | None = None  # token ids in the step's batches (padding left out)
+    flops: Any = None  # the run's FlopCount (record/flops.py), on training steps once known
+    memory: Any = None  # a MemoryReading at the step's end (record/memory.py), when one was taken
 
     @property
     def step_ns(self) -> int:
@@ -134,6 +138,7 @@ class Resolver:
         self._timer = timer
         self._capture = capture
         self._layouts: dict[str, dict[tuple, Layout]] = {}
+        self.flops: Any = None  # the FlopCount, from the step that carried it on
 
     def layout(self, mode: str, phases: Sequence[PhaseRecord]) -> Layout:
         layouts = self._layouts.get(mode)
@@ -154,11 +159,19 @@ class Resolver:
         timer = self._timer
         device = timer.resolve(host, step.tokens) if timer.observes_device else None
         times = tuple(synchronized_marks(host, device)) if device is not None else tuple(host)
+        flops = None
         if step.saw_backward or step.saw_optimizer:
             mode = sc.MODE_TRAIN
             micro = step.microbatches or (step.backwards + step.closure_backward) or 1
+            if step.flops is not None:
+                self.flops = step.flops
+            flops = self.flops
         else:
             mode, micro = sc.MODE_EVAL, 0
+        tokens = step.token_count
+        if step.token_masks:
+            masked = mask_tokens(step.token_masks)
+            tokens = None if masked is None else (tokens or 0) + masked
         layout = self.layout(mode, step.phases)
         phase_ns, covered = layout.durations(times)
         step_ns = times[-1] - times[0]
@@ -186,6 +199,9 @@ class Resolver:
             step.error,
             reason,
             timing,
+            tokens,
+            flops,
+            step.memory,
         )
 
 

@@ -14,6 +14,7 @@ from array import array
 from collections.abc import Sequence
 from itertools import groupby, repeat
 from operator import attrgetter, itemgetter, sub, truediv
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.aggregate.record import UNTRACKED_KEY, Layout, StepRecord
@@ -29,6 +30,7 @@ _BATCH = attrgetter("batch_size")
 _MICRO = attrgetter("microbatches")
 _SKIPPED = attrgetter("skipped")
 _IDLE = attrgetter("idle_ns")
+_TOKENS = attrgetter("tokens")
 _FIRST, _LAST = itemgetter(0), itemgetter(-1)
 
 
@@ -44,6 +46,10 @@ class _ModeStats:
         "durations",
         "first_start",
         "last_end",
+        "tokens",
+        "flops",
+        "flop_ns",
+        "flop_count",
     )
 
     def __init__(self) -> None:
@@ -57,6 +63,10 @@ class _ModeStats:
         self.durations = array("d")
         self.first_start: int | None = None
         self.last_end: int | None = None
+        self.tokens = 0
+        self.flops = 0.0  # FLOPs of the steps with a known count
+        self.flop_ns = 0  # and their step time
+        self.flop_count: Any = None  # the FlopCount
 
     def phase(self, key: tuple[str, str]) -> list:
         """The ``[total ns, steps]`` of phase ``key`` (name, parent)."""
@@ -122,6 +132,13 @@ class RunSummary:
         m.samples += sum(filter(None, map(_BATCH, run)))
         m.microbatches += sum(map(_MICRO, run))
         m.skipped += sum(map(_SKIPPED, run))
+        m.tokens += sum(filter(None, map(_TOKENS, run)))
+        count = run[-1].flops
+        if count is not None:  # known from some step on, then on every training step
+            i = 0 if run[0].flops is not None else next(i for i, r in enumerate(run) if r.flops is not None)
+            m.flops += count.per_step * (n - i)
+            m.flop_ns += sum(step_ns[i:])
+            m.flop_count = count
         first, last = min(starts), max(ends)  # (steps may come in out of order)
         if m.first_start is None or first < m.first_start:
             m.first_start = first
@@ -155,12 +172,17 @@ class RunSummary:
                         "share": (ns / m.step_ns) if m.step_ns else 0.0,
                     }
                 )
+            wall_s = ((m.last_end or 0) - (m.first_start or 0)) / 1e9
             modes[mode] = {
                 "steps": m.steps,
                 "samples": m.samples,
+                "tokens": m.tokens,
+                "samples_per_s": m.samples / wall_s if wall_s > 0 else 0.0,
+                "tokens_per_s": m.tokens / wall_s if wall_s > 0 else 0.0,
+                **({"flops": _flops_dict(m)} if m.flop_count is not None else {}),
                 "step_time_s": step_s,
                 **({"microbatches": m.microbatches, "skipped_updates": m.skipped} if mode == sc.MODE_TRAIN else {}),
-                "wall_s": ((m.last_end or 0) - (m.first_start or 0)) / 1e9,
+                "wall_s": wall_s,
                 "step_mean_s": step_s / m.steps if m.steps else 0.0,
                 "step_p50_s": _pct(ds, 0.5),
                 "step_p90_s": _pct(ds, 0.9),
@@ -178,6 +200,23 @@ class RunSummary:
             "telemetry": telemetry or {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0},
         }
         return out
+
+
+def _flops_dict(m: _ModeStats) -> dict:
+    """FLOPs per step, achieved FLOP/s over the steps with a known count, and MFU."""
+    c = m.flop_count
+    flop_s = m.flops / (m.flop_ns / 1e9) if m.flop_ns > 0 else 0.0
+    return {
+        "per_step": c.per_step,
+        "total": m.flops,
+        "flop_s": flop_s,
+        "peak_flop_s": c.peak,
+        "mfu": flop_s / c.peak if c.peak else None,
+        "dtype": c.dtype,
+        "device": c.device,
+        "source": c.source,
+        "count_cost_s": c.cost_s,
+    }
 
 
 def write(summary: dict, path: str) -> str:

@@ -21,6 +21,8 @@ class Finding:
     def severity(self) -> str:
         if self.kind == "balanced":
             return "info"
+        if self.kind == "memory_creep":  # no share of step time: heading for an out-of-memory error
+            return "high"
         return "high" if self.score >= 0.4 else "medium" if self.score >= 0.2 else "low"
 
     def line(self) -> str:

@@ -57,10 +57,10 @@ def _ordered_phases(phases: list[dict]) -> list[dict]:
 
 
 def render_mode(mode: str, m: dict) -> list[str]:
-    head = (
-        f"{mode}: {m['steps']:,} steps, {m['samples']:,} samples, "
-        f"{m['throughput_sps']:,.1f} samples/s, step mean {_ms(m['step_mean_s'])} ms"
-    )
+    rates = f"{m['throughput_sps']:,.1f} samples/s"
+    if m.get("tokens_per_s"):
+        rates += f", {m['tokens_per_s']:,.0f} tokens/s"
+    head = f"{mode}: {m['steps']:,} steps, {m['samples']:,} samples, {rates}, step mean {_ms(m['step_mean_s'])} ms"
     extra = [f"{k} {_ms(m.get(f'step_{k}_s'))}" for k in ("p50", "p90", "max") if m.get(f"step_{k}_s")]
     if extra:
         head += f" ({', '.join(extra)} ms)"
@@ -77,6 +77,8 @@ def render_mode(mode: str, m: dict) -> list[str]:
             ]
         )
     lines = [head] + _table(["phase", "parent", "total s", "ms/step", "share", ""], rows, {2, 3, 4})
+    if m.get("flops"):
+        lines.append("  " + compute_text(m["flops"]))
     idle = m.get("gpu_idle_s") or {}
     if m.get("gpu_idle_share") is not None and m["step_time_s"]:
         parts = ", ".join(
@@ -202,6 +204,9 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
         if rk:
             lines.append("")
             lines.extend(rk)
+    for mem in report.get("memory") or []:
+        who = f"rank {mem['rank']} " if len(report["memory"]) > 1 and mem.get("rank") is not None else ""
+        lines.append(f"{who}{memory_text(mem)}")
     cover = render_coverage(report)
     if cover:
         lines.append("")
@@ -232,7 +237,11 @@ def render_summary(summary: dict) -> str:
         head += f" (p90 {m['step_p90_s'] * 1e3:.1f} ms)"
         if rate:
             head += f", {rate:.0f} samples/s"
+        if m.get("tokens") and m["wall_s"]:
+            head += f", {m['tokens'] / m['wall_s']:,.0f} tokens/s"
         lines.append(head)
+        if m.get("flops"):
+            lines.append("  " + compute_text(m["flops"]))
         lines.append(f"  {'phase':<28}{'mean ms':>10}{'total s':>10}{'share':>8}")
         idle = m.get("gpu_idle_s") or {}
         top = [p for p in m["phases"] if p["parent"] == sc.SPAN_STEP]
@@ -250,6 +259,8 @@ def render_summary(summary: dict) -> str:
             total_idle = sum(idle.values())
             worst = max(idle, key=lambda name: idle[name])
             lines.append(f"  GPU idle {total_idle / m['step_time_s'] * 100:.1f}% of step time (mostly during {worst})")
+    if summary.get("memory"):
+        lines.append("  " + memory_text(summary["memory"]))
     coverage = coverage_line(summary)
     if coverage:
         lines.append(coverage)
@@ -262,6 +273,10 @@ def render_summary(summary: dict) -> str:
     found = diagnose(summary)
     if found:
         lines.extend(verdict_lines(found[0]))
+    for f in found[1:]:
+        if f.kind == "memory_creep":
+            lines.append(f"{f.title}: {f.detail}")
+            lines.extend(f"  - {a}" for a in f.advice[:2])
     return "\n".join(lines)
 
 
@@ -303,3 +318,53 @@ def self_check_lines(finding: dict, indent: str = "", who: str = "") -> list[str
 def self_check_line(finding: dict) -> str:
     """The one line printed at exit for a self-check finding."""
     return f"otel-training: step detection in doubt: {finding['cause']}; fix: {finding['fix']}"
+
+
+# -- throughput, FLOPs and memory ---------------------------------------------------------
+def _si(x: float, unit: str) -> str:
+    """``1.51 GFLOP``, ``989 TFLOP/s``."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for factor, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def compute_text(f: dict) -> str:
+    """``compute: 1.51 GFLOP per step, 33.4 GFLOP/s, MFU 41.0% of ...``."""
+    text = f"compute: {_si(f['per_step'], 'FLOP')} per step"
+    if f.get("flop_s"):
+        text += f", {_si(f['flop_s'], 'FLOP/s')}"
+    if f.get("mfu") is not None:
+        text += f", MFU {100 * f['mfu']:.1f}%"
+        if f.get("peak_flop_s"):
+            where = ", ".join(str(x) for x in (f.get("dtype"), f.get("device")) if x)
+            text += f" of {_si(f['peak_flop_s'], 'FLOP/s')}" + (f" ({where})" if where else "")
+    else:
+        text += " (no peak known: OTEL_TRAINING_PEAK_FLOPS gives MFU)"
+    if f.get("source") == "measured" and f.get("count_cost_s") is not None:
+        text += f"; counted once, +{1e3 * f['count_cost_s']:.0f} ms"
+    return text
+
+
+def memory_text(mem: dict) -> str:
+    """``memory: peak 12.3 GiB allocated ...`` (CUDA) or ``memory: RSS ...`` (CPU)."""
+    if mem.get("kind") == "cuda":
+        text = (
+            f"memory: peak {_bytes(mem.get('peak_allocated_bytes'))} allocated, "
+            f"{_bytes(mem.get('peak_reserved_bytes'))} reserved per step; "
+            f"{_bytes(mem.get('last_bytes'))} allocated at the last step end"
+        )
+        if mem.get("device"):
+            text += f" ({mem['device']})"
+        return text + f"; {mem.get('alloc_retries', 0)} allocator retries, {mem.get('ooms', 0)} OOMs"
+    text = f"memory: RSS {_bytes(mem.get('last_bytes'))} at the last step end"
+    return text + (f" ({_bytes(mem['first_bytes'])} at the first)" if mem.get("first_bytes") else "")

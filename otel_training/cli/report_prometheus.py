@@ -163,6 +163,9 @@ class PrometheusReport:
         ps = self._deltas("training_phase_duration_seconds_sum", sel, pby)
         pc = self._deltas("training_phase_duration_seconds_count", sel, pby)
         idle = self._deltas("training_gpu_idle_seconds_total", sel, rk + mk + ("training_phase",))
+        tok = self._deltas("training_tokens_total", sel, rk + mk)
+        flo = self._deltas("training_flops_total", sel, rk + mk)
+        mfu = self._over_time("avg", "training_mfu_ratio", sel, rk + mk)
         modes: dict[str, dict] = {}
         ranks: dict[str, list[dict]] = {}
         for key in sorted(sn, key=lambda k: (_rank_sort(k[2]), k[0])):
@@ -171,7 +174,12 @@ class PrometheusReport:
                 continue
             phases = [(k[4], k[5] or sc.SPAN_STEP, v, pc.get(k, 0.0)) for k, v in ps.items() if k[:4] == key]
             idles = {k[4]: v for k, v in idle.items() if k[:4] == key}
-            own = add_rank(modes, mode, sn[key], smp.get(key, 0.0), st.get(key, 0.0), phases, idles)
+            flops = None
+            if flo.get(key) and st.get(key):
+                flops = {"per_step": flo[key] / sn[key], "flop_s": flo[key] / st[key], "mfu": mfu.get(key)}
+            own = add_rank(
+                modes, mode, sn[key], smp.get(key, 0.0), st.get(key, 0.0), phases, idles, None, tok.get(key, 0.0), flops
+            )
             own.update(rank=int(rank_label) if rank_label.isdigit() else None, host=host, instance=inst)
             ranks.setdefault(mode, []).append(own)
         for rows in ranks.values():
@@ -203,7 +211,37 @@ class PrometheusReport:
                 {"mean": sum(utils) / len(utils), "min": min(g["min"] for g in gpus)} if gpus else None
             ),
             "telemetry": tel,
+            "memory": self._memory(sel),
         }
+
+    def _over_time(self, fn: str, metric: str, sel: str, by: tuple[str, ...]) -> dict[tuple, float]:
+        """``fn`` (avg, max, min, last) of a gauge over the range, per ``by`` labels."""
+        q = f"{fn if fn != 'last' else 'max'} by ({', '.join(by)}) ({fn}_over_time({metric}{{{sel}}}[{self.window}s]))"
+        return {_key(r["metric"], by): r["value"] for r in self.prom.query(q, self.end)}
+
+    def _memory(self, sel: str) -> list[dict]:
+        """Per process: the highest per-step peaks and the last step-end memory."""
+        rk = _RANK_LABELS
+        peak = self._over_time("max", "training_memory_peak_allocated_bytes", sel, rk)
+        reserved = self._over_time("max", "training_memory_peak_reserved_bytes", sel, rk)
+        allocated = self._over_time("last", "training_memory_allocated_bytes", sel, rk)
+        rss_last = self._over_time("last", "training_memory_rss_bytes", sel, rk)
+        out = []
+        for key in sorted(set(peak) | set(allocated) | set(rss_last), key=lambda k: (_rank_sort(k[2]), k[0])):
+            who = {"rank": int(key[2]) if key[2].isdigit() else None, "host": key[1], "instance": key[0]}
+            if key in peak or key in allocated:
+                out.append(
+                    {
+                        **who,
+                        "kind": "cuda",
+                        "peak_allocated_bytes": peak.get(key),
+                        "last_bytes": allocated.get(key),
+                        "peak_reserved_bytes": reserved.get(key),
+                    }
+                )
+            else:
+                out.append({**who, "kind": "cpu", "last_bytes": rss_last[key]})
+        return out
 
     def _gpus(self, sel: str) -> list[dict]:
         """Per GPU (host, hw_id): mean and min of ``hw_gpu_utilization_ratio``."""

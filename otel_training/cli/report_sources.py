@@ -31,7 +31,10 @@ def _new_mode() -> dict[str, Any]:
         "step_time_s": 0.0,
         "wall_s": 0.0,
         "throughput_sps": 0.0,
+        "tokens": 0,
+        "tokens_per_s": 0.0,
         "_phases": {},
+        "_flops": [],
         "gpu_idle_s": {},
     }
 
@@ -45,8 +48,11 @@ def add_rank(
     phases: Iterable[tuple[str, str, float, float]],
     idle: dict[str, float],
     wall: float | None = None,
+    tokens: float = 0.0,
+    flops: dict | None = None,
 ) -> dict:
-    """Add one rank's numbers for ``mode``; returns that rank's own mode row."""
+    """Add one rank's numbers for ``mode``; returns that rank's own mode row.
+    ``flops``: the summary's ``flops`` section for this rank (per_step, flop_s, mfu...)."""
     agg: dict[str, Any] = modes.setdefault(mode, _new_mode())
     own: dict[str, Any] = {
         "steps": int(round(steps)),
@@ -57,6 +63,13 @@ def add_rank(
         "phase_mean_s": {},
     }
     own["throughput_sps"] = samples / (wall or step_time) if samples and (wall or step_time) else 0.0
+    own["tokens"] = int(round(tokens))
+    own["tokens_per_s"] = tokens / (wall or step_time) if tokens and (wall or step_time) else 0.0
+    agg["tokens"] += own["tokens"]
+    agg["tokens_per_s"] += own["tokens_per_s"]
+    if flops:
+        own["flops"] = flops
+        agg["_flops"].append(flops)
     agg["steps"] += own["steps"]
     agg["samples"] += own["samples"]
     agg["step_time_s"] += step_time
@@ -91,6 +104,16 @@ def finish_modes(modes: dict[str, dict]) -> dict[str, dict]:
         ]
         idle = sum(m["gpu_idle_s"].values())
         m["gpu_idle_share"] = idle / st if (st and m["gpu_idle_s"]) else None
+        ranks = m.pop("_flops")
+        if ranks:  # all ranks together: FLOP/s and peaks add up, MFU is their mean
+            mfus = [f["mfu"] for f in ranks if f.get("mfu") is not None]
+            peaks = [f.get("peak_flop_s") for f in ranks]
+            m["flops"] = {
+                **ranks[0],
+                "flop_s": sum(f.get("flop_s") or 0.0 for f in ranks),
+                "peak_flop_s": sum(p for p in peaks if p) if all(peaks) else None,
+                "mfu": sum(mfus) / len(mfus) if mfus else None,
+            }
     return modes
 
 
@@ -138,10 +161,13 @@ def load_summaries(paths: list[str]) -> dict:
     tel = {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}
     coverage: list[dict] = []
     checks: list[dict] = []
+    memory: list[dict] = []
     for path, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0])):
         who = {"rank": s.get("rank"), "host": s.get("host")}
         if s.get("coverage"):
             coverage.append({**who, **s["coverage"]})
+        if s.get("memory"):
+            memory.append({**who, **s["memory"]})
         checks.extend({**who, **f} for f in s.get("self_check") or ())
         for mode, m in (s.get("modes") or {}).items():
             if not m.get("steps"):
@@ -159,6 +185,8 @@ def load_summaries(paths: list[str]) -> dict:
                 phases,
                 dict(m.get("gpu_idle_s") or {}),
                 wall=float(m.get("wall_s") or 0) or None,
+                tokens=float(m.get("tokens") or 0),
+                flops=m.get("flops"),
             )
             own.update(
                 rank=s.get("rank"),
@@ -195,6 +223,7 @@ def load_summaries(paths: list[str]) -> dict:
         "telemetry": tel,
         "coverage": coverage,
         "self_check": checks,
+        "memory": memory,
     }
 
 

@@ -250,6 +250,11 @@ def diagnose(summary: dict) -> list[Finding]:
                 ],
             ),
         )
+    memory = summary.get("memory")  # a summary's dict, or a report's list (one per rank)
+    for m in memory if isinstance(memory, list) else [memory]:
+        creep = memory_creep_finding(m, (m or {}).get("rank"))
+        if creep is not None:  # not a share of step time: right after the top finding
+            findings.insert(1, creep)
     tel = summary.get("telemetry") or {}
     lost = sum(int(tel.get(k) or 0) for k in ("spans_dropped", "steps_dropped", "export_failures"))
     if lost:
@@ -263,6 +268,36 @@ def diagnose(summary: dict) -> list[Finding]:
             )
         )
     return findings
+
+
+def memory_creep_finding(memory: dict | None, rank: int | None = None) -> Finding | None:
+    """Memory at step ends that grows steadily over the run (the summary's
+    ``memory.creep``, aggregate/memory.py): a leak, with its rate and likely causes."""
+    creep = (memory or {}).get("creep")
+    if not memory or not creep:
+        return None
+    what = "device memory allocated to tensors" if memory.get("kind") == "cuda" else "the process's resident memory"
+    detail = (
+        f"{what} at step ends grows {creep['mb_per_100_steps']:.1f} MB per 100 steps "
+        f"({creep['growth_bytes'] / 1e6:,.0f} MB from step {creep['from_step']} to {creep['to_step']}, "
+        f"steadily: r² {creep['r2']:.2f}); the run will run out of memory if it goes on long enough"
+    )
+    return Finding(
+        "memory_creep",
+        0.0,
+        "memory creep",
+        detail,
+        [
+            "look for tensors kept across steps: losses.append(loss) or total += loss keeps each "
+            "step's tensor (and its autograd graph): append loss.item() or loss.detach() instead",
+            "outputs, predictions or hidden states stored for metrics or logging: detach and move "
+            "them to the CPU, or keep only running sums",
+            "caches that grow with the run (dicts keyed by step or sample, lists never cleared)",
+            "find it: torch.cuda.memory._record_memory_history() and a snapshot "
+            "(pytorch.org/memory_viz) on CUDA, tracemalloc for host memory",
+        ],
+        rank=rank,
+    )
 
 
 def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:

@@ -90,6 +90,8 @@ class StepSpans:
             attrs[sc.ATTR_EPOCH] = record.epoch
         if record.batch_size is not None:
             attrs[sc.ATTR_BATCH_SIZE] = record.batch_size
+        if record.tokens is not None:
+            attrs[sc.ATTR_TOKENS] = record.tokens
         if record.microbatches:
             attrs[sc.ATTR_MICROBATCHES] = record.microbatches
         if record.skipped:

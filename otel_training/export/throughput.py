@@ -1,0 +1,86 @@
+"""Tokens, FLOPs and MFU from finished-step records (pipeline thread).
+
+``training.tokens`` and ``training.flops`` are counters added once per pipeline
+batch, per mode (FLOPs: training steps once their count is known). ``training.mfu``
+is an observable gauge: at each collection, the FLOPs of the training steps finished
+since the previous collection over their step time, divided by the peak FLOP/s; no
+point without such steps or without a known peak.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from itertools import groupby
+from operator import attrgetter, itemgetter, sub
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otel_training import semconv as sc
+
+_MODE = attrgetter("mode")
+_TOKENS = attrgetter("tokens")
+_TIMES = attrgetter("times")
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)
+
+
+class ThroughputMetrics:
+    """A pipeline consumer: ``add(records)``."""
+
+    def __init__(self, meter: Any, common: dict) -> None:
+        self._tokens = meter.create_counter(
+            sc.METRIC_TOKENS, unit="{token}", description="Token ids processed (padding excluded)"
+        )
+        self._flops = meter.create_counter(
+            sc.METRIC_FLOPS, unit="{flop}", description="Floating-point operations of training steps"
+        )
+        meter.create_observable_gauge(
+            sc.METRIC_MFU,
+            callbacks=[self._observe_mfu],
+            unit="1",
+            description="Model FLOPs utilization: achieved FLOP/s over the device's peak FLOP/s",
+        )
+        self._attrs = {mode: {**common, sc.ATTR_MODE: mode} for mode in (sc.MODE_TRAIN, sc.MODE_EVAL)}
+        self._lock = threading.Lock()
+        self._window_flops = 0.0
+        self._window_ns = 0
+        self._peak: float | None = None
+
+    def add(self, records: Sequence[Any]) -> None:
+        for mode, group in groupby(records, _MODE):
+            run = list(group)
+            attrs = self._attrs.get(mode) or self._attrs[sc.MODE_EVAL]
+            tokens = sum(filter(None, map(_TOKENS, run)))
+            if tokens:
+                self._tokens.add(tokens, attrs)
+            count = run[-1].flops
+            if count is None:
+                continue
+            # (once known, every training step has it: the usual run needs no filter)
+            known = run if run[0].flops is not None else [r for r in run if r.flops is not None]
+            flops = count.per_step * len(known)
+            self._flops.add(flops, attrs)
+            times = list(map(_TIMES, known))
+            ns = sum(map(sub, map(_LAST, times), map(_FIRST, times)))
+            with self._lock:
+                self._window_flops += flops
+                self._window_ns += ns
+                self._peak = count.peak
+
+    def _observe_mfu(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            flops, ns, peak = self._window_flops, self._window_ns, self._peak
+            self._window_flops, self._window_ns = 0.0, 0
+        if ns > 0 and peak:
+            return [Observation(flops / (ns / 1e9) / peak, self._attrs[sc.MODE_TRAIN])]
+        return []
+
+
+def perf_metrics(meter: Any, common: dict, trend: Any, memory: bool) -> list:
+    """The throughput consumer, and (``memory``) the memory instruments reading ``trend``."""
+    from otel_training.export.memory import MemoryMetrics
+
+    if memory:
+        MemoryMetrics(meter, common, trend)
+    return [ThroughputMetrics(meter, common)]
