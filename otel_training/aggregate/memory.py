@@ -48,6 +48,8 @@ class MemoryTrend:
         self.peak_reserved = 0
         self._window_allocated = 0
         self._window_reserved = 0
+        self._last_allocated = 0
+        self._last_reserved = 0
 
     def add(self, records: Sequence[Any]) -> None:
         readings = [(r.number, m) for r, m in zip(records, map(_MEMORY, records)) if m is not None]
@@ -83,12 +85,15 @@ class MemoryTrend:
 
     def window_peak(self, reserved: bool = False) -> int:
         """The highest peak allocated (``reserved``: reserved) bytes since the previous
-        call for it; 0 when no CUDA reading came meanwhile."""
+        call for it; the last such value when no CUDA reading came meanwhile (0 before
+        the first)."""
         with self._lock:
             if reserved:
-                out, self._window_reserved = self._window_reserved, 0
+                out = self._window_reserved or self._last_reserved
+                self._window_reserved, self._last_reserved = 0, out
             else:
-                out, self._window_allocated = self._window_allocated, 0
+                out = self._window_allocated or self._last_allocated
+                self._window_allocated, self._last_allocated = 0, out
             return out
 
     def creep(self) -> dict | None:

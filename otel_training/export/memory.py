@@ -2,8 +2,8 @@
 
 At each collection: the newest step-end reading (``training.memory.allocated`` for a
 CUDA device, ``training.memory.rss`` for a CPU run), the highest per-step peaks since
-the previous collection (``training.memory.peak_allocated`` / ``peak_reserved``; no
-point when no reading came meanwhile) and the allocator's cumulative retries and
+the previous collection (``training.memory.peak_allocated`` / ``peak_reserved``; the
+last value again when no reading came meanwhile) and the allocator's cumulative retries and
 out-of-memory errors as counters. CUDA points carry the GPU's ``hw.id``.
 """
 

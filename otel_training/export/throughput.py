@@ -3,8 +3,9 @@
 ``training.tokens`` and ``training.flops`` are counters added once per pipeline
 batch, per mode (FLOPs: training steps once their count is known). ``training.mfu``
 is an observable gauge: at each collection, the FLOPs of the training steps finished
-since the previous collection over their step time, divided by the peak FLOP/s; no
-point without such steps or without a known peak.
+since the previous collection over their step time, divided by the peak FLOP/s (with
+no such step meanwhile, the last value is repeated, as the hardware gauges do); no
+point before the first, or without a known peak.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ThroughputMetrics:
         self._window_flops = 0.0
         self._window_ns = 0
         self._peak: float | None = None
+        self._mfu: float | None = None  # the last value: repeated while no step finishes
 
     def add(self, records: Sequence[Any]) -> None:
         for mode, group in groupby(records, _MODE):
@@ -72,9 +74,10 @@ class ThroughputMetrics:
         with self._lock:
             flops, ns, peak = self._window_flops, self._window_ns, self._peak
             self._window_flops, self._window_ns = 0.0, 0
-        if ns > 0 and peak:
-            return [Observation(flops / (ns / 1e9) / peak, self._attrs[sc.MODE_TRAIN])]
-        return []
+            if ns > 0 and peak:
+                self._mfu = flops / (ns / 1e9) / peak
+            mfu = self._mfu
+        return [Observation(mfu, self._attrs[sc.MODE_TRAIN])] if mfu is not None else []
 
 
 def perf_metrics(meter: Any, common: dict, trend: Any, memory: bool) -> list:

@@ -62,6 +62,24 @@ def _is_loss(module) -> bool:
         return False
 
 
+def _call_kwargs(module) -> dict | None:
+    """The keyword arguments of the call a global pre-hook runs in (``model(**batch)``
+    at discovery: the hook gets only the positional ones): torch's ``_call_impl``
+    frame, which runs the hook, holds them. Once per discovered root."""
+    try:
+        frame = sys._getframe(2)  # _discover <- torch's inner() <- _call_impl
+        for _ in range(3):
+            if frame is None:
+                break
+            if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
+                kwargs = frame.f_locals.get("kwargs")
+                return kwargs if isinstance(kwargs, dict) else None
+            frame = frame.f_back
+    except Exception:
+        pass
+    return None
+
+
 def _restore(state: dict, call, prev) -> None:
     """Put back, in ``state``, the call a root had before our timed ``call``."""
     if state.get(_CALL) is call:
@@ -129,7 +147,7 @@ class RootModuleHooks:
                 return None
             self._add_root(module)
             # This call is already past our timed call: time it with a one-shot hook.
-            if self._begin(module, _is_loss(module), args):
+            if self._begin(module, _is_loss(module), args, _call_kwargs(module)):
                 once: Any = None
 
                 def end_once(mod, args, output):

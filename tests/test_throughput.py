@@ -1,0 +1,217 @@
+"""Throughput: samples and tokens per step, counted exactly, on real loops shaped like
+real scripts -- nanoGPT's ``get_batch()`` loop (no DataLoader), a Hugging Face-style
+dict batch with ``input_ids`` and a padding ``attention_mask`` (with and without a
+DataLoader), and a DataLoader of token windows -- through the real SDK."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from tests.gpt_model import GPT, GPTConfig
+
+CFG = GPTConfig(block_size=32, vocab_size=128, n_layer=1, n_head=2, n_embd=32)
+PAD = 0
+
+
+def _train_totals(tel):
+    tel.uninstrument()
+    summary = tel.runtime.summary_dict()
+    train = summary["modes"]["train"]
+    counter = sum(p.value for p in tel.points("training.tokens", {"training.mode": "train"}))
+    samples = sum(p.value for p in tel.points("training.samples", {"training.mode": "train"}))
+    return summary, train, counter, samples
+
+
+def test_tokens_of_a_nanogpt_loop_without_dataloader(instrumented):
+    """nanoGPT's train.py: get_batch() -> (x, y) of token ids, two micro-batches per
+    update; tokens are x's elements (never y's), samples its rows."""
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(CFG.vocab_size, (4096,))
+    batch_size, accum, iters = 3, 2, 6
+
+    def get_batch():
+        ix = torch.randint(len(data) - CFG.block_size - 1, (batch_size,))
+        x = torch.stack([data[i:i + CFG.block_size] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + CFG.block_size] for i in ix])
+        return x, y
+
+    x, y = get_batch()
+    for _ in range(iters):
+        for _ in range(accum):
+            _, loss = model(x, y)
+            x, y = get_batch()  # the next batch is fetched between forward and backward, as in nanoGPT
+            (loss / accum).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    per_step = batch_size * accum * CFG.block_size
+    tel.uninstrument()  # the last step ends with the run (no next forward to cut it)
+    steps = tel.steps()
+    assert len(steps) == iters
+    assert [s.attributes["training.step.tokens"] for s in steps] == [per_step] * iters
+    assert [s.attributes["training.batch_size"] for s in steps] == [batch_size * accum] * iters
+    summary, train, counter, samples = _train_totals(tel)
+    assert train["tokens"] == counter == per_step * iters
+    assert train["samples"] == samples == batch_size * accum * iters
+    assert train["tokens_per_s"] == pytest.approx(train["tokens"] / train["wall_s"])
+
+
+class _PaddedText(Dataset):
+    """Sequences of random lengths; ``lengths`` is the truth."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        self.seqs = [torch.randint(1, CFG.vocab_size, (rng.randint(3, CFG.block_size),)) for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.seqs[i]}
+
+
+def collate(items):
+    """DataCollatorWithPadding's output: input_ids, attention_mask, labels (-100 on padding)."""
+    longest = max(len(it["input_ids"]) for it in items)
+    ids = torch.full((len(items), longest), PAD, dtype=torch.long)
+    mask = torch.zeros((len(items), longest), dtype=torch.long)
+    for row, it in enumerate(items):
+        n = len(it["input_ids"])
+        ids[row, :n] = it["input_ids"]
+        mask[row, :n] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class _HFStyleLM(torch.nn.Module):
+    """A causal LM called the Hugging Face way: ``model(**batch)`` -> output with .loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = GPT(CFG)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits, _ = self.gpt(input_ids)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return type("Out", (), {"loss": loss, "logits": logits})()
+
+
+def _hf_loop(model, batches, opt):
+    for batch in batches:
+        out = model(**batch)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_tokens_of_padded_batches_from_a_dataloader(instrumented):
+    """A DataLoader of dict batches padded to the longest sequence: tokens are the
+    attention mask's sum (padding excluded), exactly; the labels are no tokens."""
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    data = _PaddedText(40)
+    model = _HFStyleLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=8, collate_fn=collate)
+    _hf_loop(model, loader, opt)
+    truth = [sum(len(s) for s in data.seqs[i:i + 8]) for i in range(0, 40, 8)]
+    padded = [8 * max(len(s) for s in data.seqs[i:i + 8]) for i in range(0, 40, 8)]
+    assert truth != padded  # the padding is real
+    steps = tel.steps()
+    assert [s.attributes["training.step.tokens"] for s in steps] == truth
+    summary, train, counter, samples = _train_totals(tel)
+    assert train["tokens"] == counter == sum(truth)
+    assert samples == 40
+
+
+def test_tokens_of_padded_batches_without_dataloader(instrumented):
+    """The same dict batches built in the loop and passed as ``model(**batch)``: read
+    from the root module's forward inputs."""
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    data = _PaddedText(30, seed=1)
+    model = _HFStyleLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [collate([data[j] for j in range(i, i + 6)]) for i in range(0, 30, 6)]
+    _hf_loop(model, batches, opt)
+    tel.uninstrument()
+    truth = [int(b["attention_mask"].sum()) for b in batches]
+    assert [s.attributes["training.step.tokens"] for s in tel.steps()] == truth
+    summary, train, counter, samples = _train_totals(tel)
+    assert train["tokens"] == counter == sum(truth)
+    assert train["samples"] == samples == 30
+
+
+def test_positional_input_ids_with_a_keyword_mask(instrumented):
+    """``model(input_ids, attention_mask=mask)``: the mask still excludes the padding."""
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    data = _PaddedText(12, seed=2)
+    model = _HFStyleLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [collate([data[j] for j in range(i, i + 4)]) for i in range(0, 12, 4)]
+    for b in batches:
+        model(b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    tel.uninstrument()
+    assert [s.attributes["training.step.tokens"] for s in tel.steps()] == [int(b["attention_mask"].sum())
+                                                                          for b in batches]
+
+
+def test_tokens_of_a_dataloader_of_token_windows_and_none_for_images(instrumented):
+    """A DataLoader of (x, y) token windows: B x T tokens a step. An image loop (float
+    inputs, integer labels of rank 1) has samples and no tokens."""
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    data = torch.randint(CFG.vocab_size, (2000,))
+    windows = [(data[i:i + CFG.block_size], data[i + 1:i + 1 + CFG.block_size]) for i in range(0, 1000, 50)]
+    model = GPT(CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(windows, batch_size=4):
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert [s.attributes["training.step.tokens"] for s in tel.steps()] == [4 * CFG.block_size] * 5
+    summary, train, counter, samples = _train_totals(tel)
+    assert counter == 20 * CFG.block_size and samples == 20
+
+    tel2 = instrumented(trace_every_n=1)
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+    images = [(torch.randn(3, 8, 8), i % 10) for i in range(12)]
+    opt = torch.optim.SGD(convnet.parameters(), lr=0.01)
+    for x, y in DataLoader(images, batch_size=4):
+        torch.nn.functional.cross_entropy(convnet(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    assert all("training.step.tokens" not in s.attributes for s in tel2.steps())
+    summary, train, counter, samples = _train_totals(tel2)
+    assert train["tokens"] == 0 and counter == 0 and samples == 12
+    assert "tokens/s" not in _render(summary) and "samples/s" in _render(summary)
+
+
+def _render(summary):
+    from otel_training.cli.render import render_summary
+
+    return render_summary(summary)
+
+
+def test_the_run_end_table_shows_tokens_per_second(instrumented):
+    tel = instrumented()
+    torch.manual_seed(0)
+    data = _PaddedText(16, seed=3)
+    model = _HFStyleLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    _hf_loop(model, DataLoader(data, batch_size=4, collate_fn=collate), opt)
+    summary, train, _, _ = _train_totals(tel)
+    text = _render(summary)
+    assert f"{train['tokens'] / train['wall_s']:,.0f} tokens/s" in text
+    assert "samples/s" in text
