@@ -51,6 +51,7 @@ def _env(endpoint: str, tmp: str) -> dict:
         "OTEL_METRIC_EXPORT_INTERVAL": "100",  # many exports: replayed at 1-60 s intervals
         "OTEL_TRAINING_HARDWARE_INTERVAL": "0.1",
         "OTEL_TRAINING_TRACE_EVERY_N": "5",
+        "OTEL_TRAINING_PEAK_FLOPS": "1e11",  # a CPU has no table peak: MFU needs one given
         "PYTHONPATH": os.pathsep.join([str(FAKE_GPU_SITE), str(ROOT)]),
         "TMPDIR": tmp,  # the per-host hardware lock: private to this test
         "OMP_NUM_THREADS": "1",

@@ -4,7 +4,8 @@ once on one host, for the concurrent-runs tests).
 
 It fills in only what the real instrumented run (``real_run.py``, the primary source)
 cannot produce on a CPU machine or when healthy: GPU idle time (needs CUDA device
-timing) and the self-telemetry failure counters.
+timing), the self-telemetry failure counters, tokens (the real example trains on
+float features, not token ids) and the CUDA allocator's memory per step.
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ class _Rank:
         self.export_failures = meter.create_counter("training.telemetry.export.failures",
                                                     unit="{failure}")
         self.errors = meter.create_counter("training.telemetry.errors", unit="{error}")
+        self.tokens = meter.create_counter("training.tokens", unit="{token}")
+        # Memory per step of a CUDA process: no training.mode, the GPU's hw.id.
+        self.memory_attrs = {**{k: v for k, v in self.common.items() if k != "training.mode"},
+                             "hw.id": f"GPU-synthetic-{run_id[-8:]}-{rank}"}
+        self.allocated = meter.create_gauge("training.memory.allocated", unit="By")
+        self.peak_allocated = meter.create_gauge("training.memory.peak_allocated", unit="By")
+        self.peak_reserved = meter.create_gauge("training.memory.peak_reserved", unit="By")
+        self.retries = meter.create_counter("training.memory.alloc_retries", unit="{retry}")
+        self.ooms = meter.create_counter("training.memory.ooms", unit="{error}")
 
     def run_step(self, index: int, rng: random.Random) -> None:
         total = rng.uniform(0.08, 0.12) * self.slow
@@ -77,6 +87,12 @@ class _Rank:
                                    "training.phase.parent": "train_batch"})
         self.steps.add(1, self.common)
         self.samples.add(32, self.common)
+        self.tokens.add(32 * 128, self.common)
+        # the straggler also keeps 1 MB a step: its memory creeps
+        allocated = 6e9 + (index * 1e6 if self.slow > 1 else rng.uniform(0, 1e6))
+        self.allocated.set(allocated, self.memory_attrs)
+        self.peak_allocated.set(allocated + 2e9, self.memory_attrs)
+        self.peak_reserved.set(allocated + 3e9, self.memory_attrs)
         self.idle.add(total * self.idle_share, {**self.common, "training.phase": "dataloader_next"})
         self.idle.add(total * 0.05, {**self.common, "training.phase": "to_device"})
         if index % 20 == 0:
@@ -84,6 +100,8 @@ class _Rank:
             self.dropped_steps.add(1, self.common)
             self.export_failures.add(1, {**self.common, "training.telemetry.component": "traces"})
             self.errors.add(1, {**self.common, "training.telemetry.component": "pipeline"})
+            self.retries.add(1, self.memory_attrs)
+            self.ooms.add(1, self.memory_attrs)
 
     def shutdown(self) -> None:
         self.meters.shutdown()

@@ -57,7 +57,11 @@ def _evaluate(prometheus, panel, target, values, at):
     return out
 
 
-SYNTHETIC_ONLY = {"training_gpu_idle_seconds_total", "job_run_rank_phase:training_gpu_idle_seconds:share5m"}
+SYNTHETIC_ONLY = {"training_gpu_idle_seconds_total", "job_run_rank_phase:training_gpu_idle_seconds:share5m",
+                  "job_run_rank:training_tokens:rate5m",
+                  "training_tokens_total", "training_memory_allocated_bytes", "training_memory_peak_allocated_bytes",
+                  "training_memory_peak_reserved_bytes", "training_memory_alloc_retries_total",
+                  "training_memory_ooms_total"}
 
 
 def _values(job: str) -> dict:

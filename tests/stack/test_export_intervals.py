@@ -37,7 +37,10 @@ RANGES = {"5m": 300, "1h": 3600, "24h": 86400}
 RULE_EVAL_S = 15  # prometheus.yml's evaluation_interval
 BLOCK_S = 7200  # Prometheus's (and promtool's) TSDB block length
 SYNTHETIC_ONLY = {"training_gpu_idle_seconds_total", "training_telemetry_export_failures_total",
-                  "training_telemetry_spans_dropped_total", "training_telemetry_steps_dropped_total"}
+                  "training_telemetry_spans_dropped_total", "training_telemetry_steps_dropped_total",
+                  "training_tokens_total", "training_memory_allocated_bytes", "training_memory_peak_allocated_bytes",
+                  "training_memory_peak_reserved_bytes", "training_memory_alloc_retries_total",
+                  "training_memory_ooms_total"}
 DATASOURCES = ROOT / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
 
 

@@ -31,6 +31,13 @@ NOT_IN_A_HEALTHY_CPU_RUN = {
     "training_telemetry_export_failures_total": "counted only when an export fails",
     "training_telemetry_spans_dropped_total": "counted only when spans are dropped",
     "training_telemetry_steps_dropped_total": "counted only when steps are dropped",
+    "training_tokens_total": "the example trains on float features, not token ids",
+    "job_run_rank:training_tokens:rate5m": "derived from training_tokens_total",
+    "training_memory_allocated_bytes": "CUDA allocator statistics need CUDA",
+    "training_memory_peak_allocated_bytes": "CUDA allocator statistics need CUDA",
+    "training_memory_peak_reserved_bytes": "CUDA allocator statistics need CUDA",
+    "training_memory_alloc_retries_total": "CUDA allocator statistics need CUDA",
+    "training_memory_ooms_total": "CUDA allocator statistics need CUDA",
 }
 
 

@@ -348,7 +348,12 @@ def test_training_dashboard_panels():
     exprs = " ".join(t["expr"] for _, t in q.panel_queries(dash))
     assert 'training_phase_parent="step"' in exprs
     for needle in ("training_samples", "training_steps", 'training_phase="untracked"',
-                   'training_phase="dataloader_next"', "training_gpu_idle", "training_rank"):
+                   'training_phase="dataloader_next"', "training_gpu_idle", "training_rank",
+                   # throughput, FLOPs/MFU and memory per step (issue 15)
+                   "training_tokens", "training_flops", "training_mfu_ratio",
+                   "training_memory_peak_allocated_bytes", "training_memory_peak_reserved_bytes",
+                   "training_memory_allocated_bytes", "training_memory_rss_bytes",
+                   "training_memory_alloc_retries_total", "training_memory_ooms_total"):
         assert needle in exprs, needle
     (alerts,) = by_type["alertlist"]
     assert alerts["options"]["stateFilter"]["firing"]
