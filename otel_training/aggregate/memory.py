@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from itertools import compress
 from operator import attrgetter
 from typing import Any
 
@@ -29,6 +30,7 @@ MIN_R2 = 0.8
 MIN_GROWTH = 16 * 2**20  # bytes over the fitted steps
 MB = 1e6
 _MEMORY = attrgetter("memory")
+_NUMBER = attrgetter("number")
 
 
 class MemoryTrend:
@@ -52,11 +54,11 @@ class MemoryTrend:
         self._last_reserved = 0
 
     def add(self, records: Sequence[Any]) -> None:
-        readings = [(r.number, m) for r, m in zip(records, map(_MEMORY, records)) if m is not None]
-        if not readings:
+        read = list(compress(records, map(_MEMORY, records)))  # (C-level: most steps have none)
+        if not read:
             return
         with self._lock:
-            for number, m in readings:
+            for number, m in zip(map(_NUMBER, read), map(_MEMORY, read)):
                 if self.kind != m.kind:  # CUDA initialized mid-run: the device's memory from now on
                     self._restart(m)
                 self._seen += 1

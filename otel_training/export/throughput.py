@@ -1,7 +1,7 @@
 """Tokens, FLOPs and MFU from finished-step records (pipeline thread).
 
-``training.tokens`` and ``training.flops`` are counters added once per pipeline
-batch, per mode (FLOPs: training steps once their count is known). ``training.mfu``
+``training.tokens`` and ``training.flops`` are observable counters of the totals so
+far, per mode (FLOPs: training steps once their count is known). ``training.mfu``
 is an observable gauge: at each collection, the FLOPs of the training steps finished
 since the previous collection over their step time, divided by the peak FLOP/s (with
 no such step meanwhile, the last value is repeated, as the hardware gauges do); no
@@ -30,11 +30,19 @@ class ThroughputMetrics:
     """A pipeline consumer: ``add(records)``."""
 
     def __init__(self, meter: Any, common: dict) -> None:
-        self._tokens = meter.create_counter(
-            sc.METRIC_TOKENS, unit="{token}", description="Token ids processed (padding excluded)"
+        # Observable counters: the pipeline only adds to totals; the SDK reads them at
+        # collection (no SDK call per batch of steps).
+        meter.create_observable_counter(
+            sc.METRIC_TOKENS,
+            callbacks=[self._observe_tokens],
+            unit="{token}",
+            description="Token ids processed (padding excluded)",
         )
-        self._flops = meter.create_counter(
-            sc.METRIC_FLOPS, unit="{flop}", description="Floating-point operations of training steps"
+        meter.create_observable_counter(
+            sc.METRIC_FLOPS,
+            callbacks=[self._observe_flops],
+            unit="{flop}",
+            description="Floating-point operations of training steps",
         )
         meter.create_observable_gauge(
             sc.METRIC_MFU,
@@ -44,6 +52,8 @@ class ThroughputMetrics:
         )
         self._attrs = {mode: {**common, sc.ATTR_MODE: mode} for mode in (sc.MODE_TRAIN, sc.MODE_EVAL)}
         self._lock = threading.Lock()
+        self._tokens: dict[str, int] = {}  # per mode, since the start
+        self._flops: dict[str, float] = {}
         self._window_flops = 0.0
         self._window_ns = 0
         self._peak: float | None = None
@@ -52,23 +62,36 @@ class ThroughputMetrics:
     def add(self, records: Sequence[Any]) -> None:
         for mode, group in groupby(records, _MODE):
             run = list(group)
-            attrs = self._attrs.get(mode) or self._attrs[sc.MODE_EVAL]
             tokens = sum(filter(None, map(_TOKENS, run)))
-            if tokens:
-                self._tokens.add(tokens, attrs)
             count = run[-1].flops
             if count is None:
+                if tokens:
+                    with self._lock:
+                        self._tokens[mode] = self._tokens.get(mode, 0) + tokens
                 continue
             # (once known, every training step has it: the usual run needs no filter)
             known = run if run[0].flops is not None else [r for r in run if r.flops is not None]
             flops = count.per_step * len(known)
-            self._flops.add(flops, attrs)
             times = list(map(_TIMES, known))
             ns = sum(map(sub, map(_LAST, times), map(_FIRST, times)))
             with self._lock:
+                if tokens:
+                    self._tokens[mode] = self._tokens.get(mode, 0) + tokens
+                self._flops[mode] = self._flops.get(mode, 0.0) + flops
                 self._window_flops += flops
                 self._window_ns += ns
                 self._peak = count.peak
+
+    def _observe(self, totals: dict) -> list[Observation]:
+        with self._lock:
+            items = list(totals.items())
+        return [Observation(value, self._attrs.get(mode) or self._attrs[sc.MODE_EVAL]) for mode, value in items]
+
+    def _observe_tokens(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._observe(self._tokens)
+
+    def _observe_flops(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._observe(self._flops)
 
     def _observe_mfu(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

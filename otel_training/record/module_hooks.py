@@ -67,7 +67,7 @@ def _call_kwargs(module) -> dict | None:
     at discovery: the hook gets only the positional ones): torch's ``_call_impl``
     frame, which runs the hook, holds them. Once per discovered root."""
     try:
-        frame = sys._getframe(2)  # _discover <- torch's inner() <- _call_impl
+        frame: Any = sys._getframe(2)  # _discover <- torch's inner() <- _call_impl
         for _ in range(3):
             if frame is None:
                 break

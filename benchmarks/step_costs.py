@@ -1,0 +1,159 @@
+"""Micro-costs of the per-step work for throughput, FLOPs and memory (issue 15).
+
+Each call timed alone with ``timeit`` (best of 5 repeats, µs per call), the one-off
+FLOP count of a ~1 ms step and of a small GPT step, and the Python opcodes of
+otel-training code on the training thread per step of ``overhead.py``'s ~1 ms loop
+(``sys.settrace``; run it with another checkout on PYTHONPATH to compare).
+
+    .venv/bin/python benchmarks/step_costs.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import timeit
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+
+
+def _us(stmt, number=20000) -> float:
+    return min(timeit.repeat(stmt, number=number, repeat=5)) / number * 1e6
+
+
+def calls() -> None:
+    from otel_training.record import batches
+    from otel_training.record.timeline import StepTimeline
+
+    x, y = torch.randn(64, 256), torch.randint(0, 4, (64,))
+    ids = torch.randint(0, 50000, (8, 512))
+    mask = torch.ones(8, 512, dtype=torch.long)
+    step = StepTimeline(-1, None)
+
+    def fresh():
+        step.batch_size = None
+        if hasattr(step, "token_count"):  # (not in a checkout before issue 15)
+            step.token_count = step.token_masks = None
+
+    if hasattr(batches, "read_batch"):
+        print(f"read_batch, (x float, y) batch:          {_us(lambda: (fresh(), batches.read_batch([x, y], step))):6.2f} µs")
+        print(f"read_batch, (ids, targets) token batch:  {_us(lambda: (fresh(), batches.read_batch([ids, ids], step))):6.2f} µs")
+        hf = {"input_ids": ids, "attention_mask": mask, "labels": ids}
+        print(f"read_batch, dict with attention_mask:    {_us(lambda: (fresh(), batches.read_batch(hf, step))):6.2f} µs")
+        print(f"read_inputs, model(x, y) (no DataLoader): {_us(lambda: (fresh(), batches.read_inputs((ids, ids), {}, step))):6.2f} µs")
+        print(f"mask_tokens (pipeline), 8 x 512 mask:     {_us(lambda: batches.mask_tokens([mask]), 2000):6.2f} µs")
+    print(f"infer_batch_size, (x float, y) batch:     {_us(lambda: (fresh(), batches.infer_batch_size([x, y]))):6.2f} µs")
+    print(f"StepTimeline(): a new step's record:      {_us(lambda: StepTimeline(-1, None)):6.2f} µs")
+    try:
+        from otel_training.record.memory import MemoryReader
+    except ImportError:
+        return
+    reader = MemoryReader()
+    print(f"MemoryReader.read (RSS, /proc/self/statm): {_us(lambda: reader.read(0), 5000):6.2f} µs")
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+        reader = MemoryReader()
+        print(f"MemoryReader.read (CUDA allocator stats):  {_us(lambda: reader.read(0), 2000):6.2f} µs")
+
+
+def _flop_count(name, model, batch, loss_of, steps=12) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_training import runtime
+    from otel_training.instrumentor import TrainingInstrumentor
+
+    inst = TrainingInstrumentor()
+    inst.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    durations = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        for b in batch():
+            loss_of(model, b).backward()
+        opt.step()
+        opt.zero_grad()
+        durations.append(time.perf_counter() - t0)
+    rt = runtime.current()
+    inst.uninstrument()
+    f = rt.summary_dict()["modes"]["train"].get("flops")
+    if f is None:
+        print(f"{name}: no FLOP count")
+        return
+    print(f"{name}: step {statistics.median(durations) * 1e3:.2f} ms, FLOPs per step {f['per_step']:.3g}, "
+          f"the counted step +{f['count_cost_s'] * 1e3:.1f} ms (one-off)")
+
+
+def flop_counts() -> None:
+    if "otel_training.record.flops" not in sys.modules:
+        try:
+            import otel_training.record.flops  # noqa: F401
+        except ImportError:
+            return
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(3):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    mlp = torch.nn.Sequential(*layers, torch.nn.Linear(256, 4))
+    x, y = torch.randn(64, 256), torch.randint(0, 4, (64,))
+    _flop_count("~1 ms MLP step (overhead.py)", mlp, lambda: [(x, y)],
+                lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
+    sys.path.insert(0, ".")
+    from tests.gpt_model import GPT, GPTConfig
+
+    cfg = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=64)
+    ids = torch.randint(0, 256, (4, 64))
+    _flop_count("GPT (2 layers, 64 wide, 4 x 64 tokens, 2 micro-batches)", GPT(cfg), lambda: [(ids, ids)] * 2,
+                lambda m, b: m(b[0], b[1])[1])
+
+
+def opcodes(steps: int = 200) -> None:
+    """Opcodes executed in otel_training frames on the training thread per step."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_training.instrumentor import TrainingInstrumentor
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(3):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 4))
+    data = TensorDataset(torch.randn(64 * (steps + 40), 256), torch.randint(0, 4, (64 * (steps + 40),)))
+    loader = DataLoader(data, batch_size=64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    inst = TrainingInstrumentor()
+    inst.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    count = [0]
+
+    def local(frame, event, arg):
+        if event == "opcode":
+            count[0] += 1
+        return local
+
+    def trace(frame, event, arg):
+        if "otel_training" in frame.f_code.co_filename:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    for i, (x, y) in enumerate(loader):
+        if i == 40:  # after discovery and the FLOP count
+            sys.settrace(trace)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    sys.settrace(None)
+    inst.uninstrument()
+    print(f"opcodes of otel-training on the training thread: {count[0] / steps:.0f} per step")
+
+
+if __name__ == "__main__":
+    calls()
+    flop_counts()
+    opcodes()
