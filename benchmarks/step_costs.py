@@ -39,25 +39,28 @@ def calls() -> None:
         if hasattr(step, "token_count"):  # (not in a checkout before issue 15)
             step.token_count = step.token_masks = None
 
+    def row(what, stmt, number=20000):
+        print(f"{what:<44}{_us(stmt, number):6.2f} µs")
+
     if hasattr(batches, "read_batch"):
-        print(f"read_batch, (x float, y) batch:          {_us(lambda: (fresh(), batches.read_batch([x, y], step))):6.2f} µs")
-        print(f"read_batch, (ids, targets) token batch:  {_us(lambda: (fresh(), batches.read_batch([ids, ids], step))):6.2f} µs")
         hf = {"input_ids": ids, "attention_mask": mask, "labels": ids}
-        print(f"read_batch, dict with attention_mask:    {_us(lambda: (fresh(), batches.read_batch(hf, step))):6.2f} µs")
-        print(f"read_inputs, model(x, y) (no DataLoader): {_us(lambda: (fresh(), batches.read_inputs((ids, ids), {}, step))):6.2f} µs")
-        print(f"mask_tokens (pipeline), 8 x 512 mask:     {_us(lambda: batches.mask_tokens([mask]), 2000):6.2f} µs")
-    print(f"infer_batch_size, (x float, y) batch:     {_us(lambda: (fresh(), batches.infer_batch_size([x, y]))):6.2f} µs")
-    print(f"StepTimeline(): a new step's record:      {_us(lambda: StepTimeline(-1, None)):6.2f} µs")
+        row("read_batch, (x float, y) batch:", lambda: (fresh(), batches.read_batch([x, y], step)))
+        row("read_batch, (ids, targets) token batch:", lambda: (fresh(), batches.read_batch([ids, ids], step)))
+        row("read_batch, dict with attention_mask:", lambda: (fresh(), batches.read_batch(hf, step)))
+        row("read_inputs, model(x, y) (no DataLoader):", lambda: (fresh(), batches.read_inputs((ids, ids), {}, step)))
+        row("mask_tokens (pipeline), 8 x 512 mask:", lambda: batches.mask_tokens([mask]), 2000)
+    row("infer_batch_size, (x float, y) batch:", lambda: (fresh(), batches.infer_batch_size([x, y])))
+    row("StepTimeline(): a new step's record:", lambda: StepTimeline(-1, None))
     try:
         from otel_training.record.memory import MemoryReader
     except ImportError:
         return
     reader = MemoryReader()
-    print(f"MemoryReader.read (RSS, /proc/self/statm): {_us(lambda: reader.read(0), 5000):6.2f} µs")
+    row("MemoryReader.read (RSS, /proc/self/statm):", lambda: reader.read(0), 5000)
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")
-        reader = MemoryReader()
-        print(f"MemoryReader.read (CUDA allocator stats):  {_us(lambda: reader.read(0), 2000):6.2f} µs")
+        cuda_reader = MemoryReader()
+        row("MemoryReader.read (CUDA allocator stats):", lambda: cuda_reader.read(0), 2000)
 
 
 def _flop_count(name, model, batch, loss_of, steps=12) -> None:
