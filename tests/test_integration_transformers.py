@@ -106,6 +106,7 @@ def test_trainer_steps_phases_and_slow_callback(instrumented, tmp_path):
         assert top.index("optimizer_step" if "optimizer_step" in top else "train_batch") < top.index(SLOW)
         assert s.total(SLOW) >= SLOW_S * 0.9
         assert s.attributes["training.batch_size"] == 8  # both micro-batches
+        assert s.attributes["training.step.tokens"] == 8 * 12  # their attention masks' sums
         assert s.attributes["training.step.microbatches"] == 2  # gradient_accumulation_steps
     for s in train[1:]:  # the fetches (accelerate reads one batch ahead) are in the step
         assert s.top_level()[0] in ("to_device", "dataloader_next"), s
@@ -122,6 +123,7 @@ def test_trainer_steps_phases_and_slow_callback(instrumented, tmp_path):
     assert totals[SLOW] >= 4 * SLOW_S * 0.9
     assert max(totals, key=totals.get) == SLOW, totals
     assert summary["modes"]["train"]["samples"] == 32  # every micro-batch counted
+    assert summary["modes"]["train"]["tokens"] == 32 * 12
     assert summary["modes"]["train"]["microbatches"] == 8
     assert summary["self_check"] == []
     findings = diagnose(summary)

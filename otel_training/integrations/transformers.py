@@ -77,16 +77,14 @@ class Integration:
             # A DataLoader.__iter__ inside (accelerate starts the epoch's iterator lazily)
             # ended the step: continue with a fresh one rather than implicit steps.
             self.bridge.start_step()
-        try:  # samples of every micro-batch, not only the first one the DataLoader saw
-            from otel_training.record.batches import infer_batch_size
+        try:  # samples and tokens of every micro-batch, not only the first one the DataLoader saw
+            from otel_training.record.batches import set_micro_batches
 
             t = self.bridge.tracker()
             step = getattr(t, "step", None)
             if step is not None and isinstance(result, tuple) and isinstance(result[0], list):
                 step.microbatches = len(result[0]) or None  # the Trainer's own count
-                sizes = [infer_batch_size(b) for b in result[0]]
-                if sizes and all(s is not None for s in sizes):
-                    step.batch_size = sum(sizes)
+                set_micro_batches(result[0], step)
         except Exception as exc:
             self.bridge.error(exc)
         return result

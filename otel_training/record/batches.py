@@ -82,6 +82,32 @@ def read_batch(batch: Any, step: Any) -> None:
         return
 
 
+class _Counts:
+    __slots__ = ("batch_size", "token_count", "token_masks")
+
+    def __init__(self) -> None:
+        self.batch_size: int | None = None
+        self.token_count: int | None = None
+        self.token_masks: list | None = None
+
+
+def set_micro_batches(batches: list, step: Any) -> None:
+    """A framework's micro-batches of one step (the HF Trainer's ``get_batch_samples``):
+    their samples -- when every one is known -- and tokens replace what the
+    DataLoader's fetches set."""
+    counts = []
+    for batch in batches:
+        c = _Counts()
+        read_batch(batch, c)
+        counts.append(c)
+    if counts and all(c.batch_size is not None for c in counts):
+        step.batch_size = sum(c.batch_size for c in counts)
+    masks = [m for c in counts for m in c.token_masks or ()]
+    tokens = [c.token_count for c in counts if c.token_count is not None]
+    step.token_count = sum(tokens) if tokens else None
+    step.token_masks = masks or None
+
+
 def read_inputs(args: tuple, kwargs: dict | None, step: Any) -> None:
     """Add a root forward's inputs to ``step`` (no DataLoader drives the loop):
     ``model(x, y)``, ``model(input_ids, attention_mask=m)``, ``model(**batch)``."""
