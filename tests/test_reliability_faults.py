@@ -144,17 +144,20 @@ def test_a_fault_behind_any_hook_entry_point_is_contained_and_counted(instrument
     assert sum(errors.values()) >= 1, f"{len(fired)} faults behind {caller}, none counted: {dict(errors)}"
 
 
-@pytest.mark.parametrize("consumer", ["summary", "coverage", "spans", "metrics"])
+@pytest.mark.parametrize("consumer", ["summary", "coverage", "spans", "metrics", "memory", "throughput"])
 def test_a_fault_in_a_consumer_is_contained_and_the_others_still_get_every_step(instrumented, reference,
                                                                                monkeypatch, consumer):
     """Each consumer takes batches of step records: one that raises loses only its own
     share, counted; the loop never sees it, and the run summary still counts every step."""
     from otel_training.aggregate.coverage import Coverage
+    from otel_training.aggregate.memory import MemoryTrend
     from otel_training.aggregate.summary import RunSummary
     from otel_training.export.metrics import StepMetrics
     from otel_training.export.spans import StepSpans
+    from otel_training.export.throughput import ThroughputMetrics
 
-    cls = {"summary": RunSummary, "coverage": Coverage, "spans": StepSpans, "metrics": StepMetrics}[consumer]
+    cls = {"summary": RunSummary, "coverage": Coverage, "spans": StepSpans, "metrics": StepMetrics,
+           "memory": MemoryTrend, "throughput": ThroughputMetrics}[consumer]
     fired = []
 
     def broken(self, *args, **kwargs):
