@@ -99,6 +99,24 @@ def test_mfu_from_a_given_peak(instrumented):
     assert f"MFU {100 * f['mfu']:.1f}%" in render_summary(summary)
 
 
+def test_the_report_shows_throughput_and_compute(instrumented, tmp_path, capsys):
+    """``otel-training report --summary``: tokens/s beside samples/s, FLOP/s and MFU."""
+    import json
+
+    from otel_training.cli.report import main
+
+    tel = instrumented(peak_flops=2e11)
+    _nanogpt_run(tel)
+    summary = tel.runtime.summary_dict()
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary, default=str))
+    assert main(["--summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    train = summary["modes"]["train"]
+    assert f"{train['tokens'] / train['wall_s']:,.0f} tokens/s" in out
+    assert f"MFU {100 * train['flops']['mfu']:.1f}% of 200 GFLOP/s (fp32, cpu)" in out
+
+
 def test_flops_per_step_given_and_turned_off(instrumented):
     tel = instrumented(flops_per_step=5e9, peak_flops=1e12)
     _, _, _, train = _nanogpt_run(tel, iters=4)

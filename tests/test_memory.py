@@ -89,6 +89,26 @@ def test_a_loop_keeping_1_mb_per_step_gets_the_creep_finding(instrumented):
     assert "memory creep: the process's resident memory at step ends grows" in text
 
 
+def test_the_report_of_a_summary_file_shows_memory_and_the_creep(instrumented, tmp_path, capsys):
+    """``otel-training report --summary`` on the leaking run's summary file."""
+    import json
+
+    from otel_training.cli.report import main
+
+    tel = instrumented(trace_every_n=0)
+    summary, _ = _run(tel, keep_logits=True)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary, default=str))
+    assert main(["--summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"memory: RSS {summary['memory']['last_bytes'] / 2**20:.1f} MiB at the last step end" in out
+    assert "[high] memory creep" in out and "MB per 100 steps" in out
+    assert main(["--summary", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["memory"][0]["creep"]["mb_per_100_steps"] == summary["memory"]["creep"]["mb_per_100_steps"]
+    assert "memory_creep" in [f["kind"] for f in report["findings"]]
+
+
 def _points(n, start=300e6, slope=0.0, noise=0.0, seed=0):
     rng = random.Random(seed)
     steps = list(range(0, n * 3, 3))
