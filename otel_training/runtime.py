@@ -154,7 +154,7 @@ class Runtime:
         try:
             from otel_training.export import progress
 
-            progress.register(self._meter, self.tracker, self._common)
+            progress.register(self._meter, self.tracker, self._common, self.on_error)
         except Exception as exc:
             self.on_error("progress", exc)
         if self.config.hardware:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fresh machine to a full test run: install everything (package, test tools,
 # framework integrations, real Prometheus + promtool, real Alertmanager + amtool),
-# then run the tests.
+# check lint, format and types, then run the tests on the newest OpenTelemetry
+# versions pyproject.toml allows and again on the lowest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,distro,integrations"
@@ -11,4 +12,11 @@ bash scripts/install-prometheus.sh || echo "test.sh: could not install Prometheu
 # Real Alertmanager + amtool for the alert delivery test, installed the same way.
 bash scripts/install-alertmanager.sh || echo "test.sh: could not install Alertmanager; its tests will skip (or fail in CI)" >&2
 export PATH="$PWD/.tools/bin:$PATH"
-exec .venv/bin/python -m pytest -q -rs "$@"
+# The checks people use: ruff (lint + format) and mypy, on the package.
+.venv/bin/ruff check otel_training
+.venv/bin/ruff format --check otel_training
+.venv/bin/mypy
+status=0
+.venv/bin/python -m pytest -q -rs "$@" || status=$?
+bash scripts/test-sdk-lowest.sh "$@" || status=$?
+exit "$status"
