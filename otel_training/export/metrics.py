@@ -163,28 +163,6 @@ class StepMetrics:
         if queued:
             self._queued_steps += steps
 
-    def record(
-        self,
-        mode: str,
-        duration_s: float,
-        phases: dict[tuple[str, str], int],
-        idle: dict[str, float] | None,
-        batch_size: int | None,
-        context=None,
-        end_ns: int = 0,
-    ) -> None:
-        """``phases``: (name, parent) -> nanoseconds; see ``record_phases``."""
-        handle = self.phase_handle
-        self.record_phases(
-            mode,
-            duration_s,
-            [(handle(mode, key), ns / 1e9) for key, ns in phases.items()],
-            idle,
-            batch_size,
-            context,
-            end_ns,
-        )
-
     def record_phases(
         self,
         mode: str,

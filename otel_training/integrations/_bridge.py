@@ -52,13 +52,6 @@ class Bridge:
             except Exception as exc:
                 self.error(exc)
 
-    def claim(self) -> None:
-        """Become the step driver without opening a step (DataLoader ``__next__``
-        then records waits only inside our steps instead of starting its own)."""
-        t = self.tracker()
-        if t is not None and t.step is None:
-            t.claim_driver(self.driver)
-
     def release(self) -> None:
         """Hand step boundaries back to the DataLoader and the forwards (no step is
         open): the framework's evaluation loop is cut like a plain one."""
