@@ -1,5 +1,6 @@
 """Python opcodes of otel-training per step, on the training thread and on the
-pipeline thread: a deterministic stand-in for wall-clock timing on a noisy machine.
+pipeline thread, and the pipeline's CPU time per step: steadier stand-ins for
+wall-clock timing on a noisy machine.
 
 Counted with ``sys.settrace`` opcode events in frames of otel_training code, on the
 ``overhead.py`` kind of loop (DataLoader, MLP, cross-entropy, SGD, ``.item()``);
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 
 def main() -> None:
@@ -41,7 +43,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     n = args.steps
-    loader = DataLoader(TensorDataset(torch.randn(16 * (n + 60), 32), torch.randint(0, 4, (16 * (n + 60),))),
+    loader = DataLoader(TensorDataset(torch.randn(16 * (6 * n + 60), 32), torch.randint(0, 4, (16 * (6 * n + 60),))),
                         batch_size=16)
     count = [0]
 
@@ -82,6 +84,14 @@ def main() -> None:
         sys.settrace(None)
         print(f"{tel.runtime.summary_dict()['modes']['train']['steps']} steps")
         print(f"opcodes per step: training thread {training:.0f}, pipeline {count[0] / n:.0f}")
+        cpu = []
+        for _ in range(5):  # the pipeline's CPU time per step, its drain timed alone
+            for _ in range(n):
+                step(it)
+            t0 = time.thread_time_ns()
+            pipeline._drain(None)
+            cpu.append((time.thread_time_ns() - t0) / n / 1e3)
+        print(f"pipeline CPU per step: {sorted(cpu)[2]:.1f} us (median of 5 drains of {n} steps)")
 
 
 if __name__ == "__main__":
