@@ -24,6 +24,16 @@ from otel_training.aggregate.sampling import TailCapture
 from otel_training.record.timeline import PhaseRecord, StepTimeline
 
 UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)  # the (name, parent) of untracked time
+# Field getters for consumers' batch loops: ``map(PHASE_NS, run)`` runs in C.
+BY_LAYOUT = attrgetter("layout")
+PHASE_NS = attrgetter("phase_ns")
+UNTRACKED_NS = attrgetter("untracked_ns")
+BATCH_SIZE = attrgetter("batch_size")
+MICROBATCHES = attrgetter("microbatches")
+SKIPPED = attrgetter("skipped")
+IDLE_NS = attrgetter("idle_ns")
+_TIMES = attrgetter("times")
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)
 _SHAPE = attrgetter("name", "parent", "start", "end")
 _MAX_LAYOUTS = 256  # per mode; beyond, layouts are made per step and not remembered
 PhaseKey = tuple[str, str]  # (name, parent)
@@ -125,6 +135,12 @@ class StepRecord(NamedTuple):
     @property
     def step_ns(self) -> int:
         return self.times[-1] - self.times[0]
+
+
+def bounds(records: Sequence[StepRecord]) -> tuple[list[int], list[int]]:
+    """The records' start and end times (``times[0]``, ``times[-1]``)."""
+    times = list(map(_TIMES, records))
+    return list(map(_FIRST, times)), list(map(_LAST, times))
 
 
 class Resolver:
