@@ -14,9 +14,9 @@ C-level calls, and consumers group records by it to add phase columns in bulk.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter, sub
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from otel_training import semconv as sc
 from otel_training.aggregate.idle import idle_between, synchronized_marks

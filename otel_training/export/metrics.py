@@ -8,8 +8,8 @@ for the bank a layout run at a time (``metric_shapes.py``, private to this consu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry import trace
 

@@ -6,7 +6,8 @@ self-telemetry and never reaches the training loop.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.record.tracker import DRIVER_DATALOADER, DRIVER_NONE
