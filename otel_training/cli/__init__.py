@@ -9,6 +9,7 @@ _COMMANDS = {
     "report": ("otel_training.cli.report", "explain a run from Prometheus or a run-end summary file"),
     "bench-data": ("otel_training.cli.bench_data", "benchmark a Dataset and DataLoader settings"),
     "agent": ("otel_training.cli.agent", "sample host and GPU hardware and export it (no training needed)"),
+    "stack": ("otel_training.cli.stack", "the Docker stack's files: init DIR writes them, check DIR validates them"),
     "config": ("otel_training.cli", "show every OTEL_TRAINING_* variable, its value and whether it is valid"),
 }
 
