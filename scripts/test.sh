@@ -17,6 +17,8 @@ export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff format --check otel_training
 .venv/bin/mypy
 status=0
+# The suite includes the package as a user gets it (tests/test_package.py): sdist and wheel
+# built and twine-checked, the wheel run from a fresh virtual environment.
 .venv/bin/python -m pytest -q -rs "$@" || status=$?
 bash scripts/test-sdk-lowest.sh "$@" || status=$?
 exit "$status"
