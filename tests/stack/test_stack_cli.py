@@ -158,6 +158,9 @@ def _edit(path: Path, old: str, new: str, count: int = 1) -> None:
 BROKEN = {
     "rules: not YAML": (lambda d: _edit(d / "prometheus/rules/training-alerts.yml", "groups:", "groups: ["),
                         "prometheus/rules/training-alerts.yml", "not valid YAML"),
+    "recording rules: not YAML": (lambda d: _edit(d / "prometheus/rules/training-recording.yml", "  - name:",
+                                                  "  - name: ["),
+                                  "prometheus/rules/training-recording.yml", "not valid YAML"),
     "dashboard: not JSON": (lambda d: _edit(d / "grafana/dashboards/hardware.json", '"title":', '"title" "x",'),
                             "grafana/dashboards/hardware.json", "not valid JSON"),
     "dashboard uid twice": (lambda d: _edit(d / "grafana/dashboards/training.json", '"uid": "otel-training-training"',
