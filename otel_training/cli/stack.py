@@ -96,13 +96,15 @@ def init(directory: Path, force: bool = False) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="action", required=True)
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="The Collector, Prometheus, Alertmanager, Tempo and Grafana files, from the package."
+    )
+    sub = parser.add_subparsers(dest="action", metavar="{init,check}", required=True)
     p_init = sub.add_parser("init", help="write docker-compose.yml and every config into DIR")
-    p_init.add_argument("directory", metavar="DIR", type=Path)
+    p_init.add_argument("directory", metavar="DIR", type=Path, help="where to write (made if missing)")
     p_init.add_argument("--force", action="store_true", help="overwrite files that differ from otel-training's")
     p_check = sub.add_parser("check", help="validate the stack files in DIR (YAML/JSON, promtool, uids, names)")
-    p_check.add_argument("directory", metavar="DIR", type=Path)
+    p_check.add_argument("directory", metavar="DIR", type=Path, help="a directory written by `stack init`")
     return parser
 
 
