@@ -174,7 +174,8 @@ class _Series:
         kept = set(keep)
         phases: dict[str, list] = {name: [] for name in keep}
         other: list = []
-        col = {k: [] for k in ("t", "wall_s", "first_step", "steps", "step_s", "p50_s", "p90_s", "max_s", "samples")}
+        names = ("t", "wall_s", "first_step", "steps", "step_s", "p50_s", "p90_s", "max_s", "samples")
+        col: dict[str, list] = {k: [] for k in names}
         idle: list = []
         for w in windows:
             pts = w.points

@@ -26,6 +26,7 @@ import json
 import math
 import sys
 from statistics import stdev
+from typing import Any
 
 from otel_training.cli.report_charts import Grid, by_size, top_phases
 from otel_training.cli.report_sources import ReportError
@@ -44,7 +45,9 @@ def _blocks(report: dict, mode: str, value) -> list[float]:
     if len(bins) < 2 or not total:
         return []
     n = min(BLOCKS, len(bins))
-    out, acc_steps, cur = [], 0, {"steps": 0, "step_s": 0.0, "samples": 0, "phases": {}}
+    out: list[float] = []
+    acc_steps = 0
+    cur: dict[str, Any] = {"steps": 0, "step_s": 0.0, "samples": 0, "phases": {}}
     for acc in bins:
         cur["steps"] += acc["steps"]
         cur["step_s"] += acc["step_s"]

@@ -177,10 +177,12 @@ def run_charts(report: dict, colors: Colors, prefix: str = "") -> list[dict]:
                 _line(prefix + "gpu-idle", f"GPU idle share of step time ({mode})", mx, grid, idle, "%", xlabel)
             )
     if mode:
-        charts.append(_breakdown(prefix + "breakdown", report, mode, colors))
+        breakdown = _breakdown(prefix + "breakdown", report, mode, colors)
+        if breakdown:
+            charts.append(breakdown)
         charts.extend(_rank_charts(prefix, report, grid, per_mode.get(mode) or {}, mode, colors, xlabel))
     charts.extend(_gpu_charts(prefix, report, grid, xlabel))
-    return [c for c in charts if c]
+    return charts
 
 
 def _line(cid: str, title: str, bins: list[int], grid: Grid, series: list[dict], unit: str, xlabel: str) -> dict:
