@@ -5,11 +5,13 @@ a ``trace_reason`` -- the tail-capture sample the spans are made of -- as comple
 (``"ph": "X"``) events: one per step, one per phase, nested like the spans, with
 the same timestamps. Perfetto UI and chrome://tracing load it.
 
-- ``ts`` is microseconds since the Unix epoch: the spans' start times (epoch ns,
-  ``Pipeline.offset``) divided by 1000, so ``dur`` equals the span's duration.
-  torch.profiler (Kineto) writes ``ts`` in microseconds since the trace's
-  ``baseTimeNanoseconds``: add ``baseTimeNanoseconds / 1000`` to its ``ts`` to put
-  both on one clock (docs/report.md).
+- ``ts`` is microseconds since ``baseTimeNanoseconds`` (top level), the start of
+  the UTC day of the first traced step -- the convention of torch.profiler
+  (Kineto) traces: ``baseTimeNanoseconds + 1000 * ts`` is the span's start time
+  (epoch ns, ``Pipeline.offset``), and ``dur`` its duration. Epoch microseconds
+  themselves would not fit a double to the nanosecond (nested events would
+  overlap by rounding); a day's do. ``otel-training trace-merge`` puts rank files
+  and torch.profiler traces on one base (docs/report.md).
 - ``pid`` is the process (one per rank, named ``rank N (host)``), ``tid`` the
   training thread's native id, as torch.profiler names them.
 - Bounded: at most ``MAX_BYTES`` of events; beyond, the oldest traced steps are
@@ -31,7 +33,8 @@ from typing import Any, Callable
 from otel_training import semconv as sc
 
 MAX_BYTES = 32 * 1024 * 1024
-_CLOCK = "ts: microseconds since the Unix epoch (the exported spans' timestamps / 1000)"
+DAY_NS = 86_400 * 10**9
+_CLOCK = "ts: microseconds since baseTimeNanoseconds (epoch ns, the exported spans' clock)"
 
 
 def _us(ns: int) -> float:
@@ -47,7 +50,7 @@ class TraceFile:
         offset: int,
         info: dict[str, Any],
         thread: Callable[[], int | None] = lambda: None,
-        max_bytes: int = MAX_BYTES,
+        max_bytes: int | None = None,
     ) -> None:
         self.template = template
         self.offset = offset  # perf_counter ns -> epoch ns, the spans' base
@@ -56,10 +59,11 @@ class TraceFile:
         self._thread = thread  # the tracker's training thread (a threading ident)
         self._tids: dict[int, int] = {}  # threading ident -> native thread id
         self._names: dict[int, str] = {}  # native thread id -> thread name
-        self.max_bytes = max_bytes
+        self.max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         self._steps: deque[str] = deque()  # one JSON fragment per traced step, oldest first
         self._first: str | None = None  # the first traced step is never dropped
         self._bytes = 0
+        self.base: int | None = None  # epoch ns that ts counts from (set by the first traced step)
         self.dropped = 0
         self.ok = True
         self._lock = threading.Lock()
@@ -75,6 +79,8 @@ class TraceFile:
             return
         tid = self._tid()
         with self._lock:
+            if self.base is None:
+                self.base = (traced[0].times[0] + self.offset) // DAY_NS * DAY_NS
             for record in traced:
                 chunk = ",\n".join(json.dumps(e, separators=(",", ":")) for e in self._events(record, tid))
                 if self._first is None:
@@ -102,7 +108,7 @@ class TraceFile:
         return tid
 
     def _events(self, record: Any, tid: int) -> list[dict]:
-        offset, times, host, pid = self.offset, record.times, record.host, self.pid
+        offset, times, host, pid = self.offset - (self.base or 0), record.times, record.host, self.pid
         args: dict[str, Any] = {
             sc.ATTR_STEP: record.number,
             sc.ATTR_MODE: record.mode,
@@ -194,7 +200,7 @@ class TraceFile:
             + meta
             + ",\n"
             + ",\n".join(chunks)
-            + '\n],\n"displayTimeUnit":"ms",\n"otherData":'
+            + f'\n],\n"baseTimeNanoseconds":{self.base},\n"displayTimeUnit":"ms",\n"otherData":'
             + json.dumps(other)
             + "}\n"
         )
