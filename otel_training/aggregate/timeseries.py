@@ -52,7 +52,7 @@ def _resample(ordered: list, n: int) -> list:
 
 
 class _Window:
-    __slots__ = ("first", "steps", "start", "end", "step_ns", "samples", "points", "phases", "idle_ns")
+    __slots__ = ("first", "steps", "start", "end", "step_ns", "max_ns", "samples", "points", "phases", "idle_ns")
 
     def __init__(self) -> None:
         self.first = -1  # the first step number
@@ -60,6 +60,7 @@ class _Window:
         self.start = 0  # perf_counter ns
         self.end = 0
         self.step_ns = 0
+        self.max_ns = 0
         self.samples = 0
         self.points: list[int] = []  # step durations (raw while open, then quantile points)
         self.phases: dict[str, int] = {}
@@ -71,6 +72,7 @@ class _Window:
         self.start = min(self.start, other.start)
         self.end = max(self.end, other.end)
         self.step_ns += other.step_ns
+        self.max_ns = max(self.max_ns, other.max_ns)
         self.samples += other.samples
         self.points = _resample(sorted(self.points + other.points), POINTS)
         for name, ns in other.phases.items():
@@ -127,6 +129,7 @@ class _Series:
             w.first, w.start, w.end = min(w.first, first), min(w.start, start), max(w.end, end)
         w.steps += len(chunk)
         w.step_ns += sum(durations)
+        w.max_ns = max(w.max_ns, max(durations))
         w.points.extend(durations)
         w.samples += sum(filter(None, map(_BATCH, chunk)))
         phases = w.phases
@@ -186,7 +189,7 @@ class _Series:
             col["step_s"].append(_s(w.step_ns))
             col["p50_s"].append(_s(pts[min(len(pts) - 1, len(pts) // 2)]) if pts else 0.0)
             col["p90_s"].append(_s(pts[min(len(pts) - 1, int(0.9 * len(pts)))]) if pts else 0.0)
-            col["max_s"].append(_s(pts[-1]) if pts else 0.0)
+            col["max_s"].append(_s(w.max_ns))
             col["samples"].append(w.samples)
             idle.append(_s(w.idle_ns))
             for name in keep:
