@@ -7,7 +7,7 @@ ways (DevTools offline emulation, a dead proxy, a host resolver that finds
 nothing), records every request the page makes, every script error and console
 error, measures each chart's canvas and takes a full-page screenshot.
 
-    python -m tests.browser report.html shot.png   # a screenshot of a report
+    python -m tests.browser report.html shot.png [WIDTH]   # a screenshot of a report
 """
 
 from __future__ import annotations
@@ -196,17 +196,19 @@ class Browser:
         return {"url": url, "requests": requests, "errors": errors, **measured}
 
 
-def load(path: Path, screenshot: Optional[Path] = None, executable: Optional[str] = None) -> Dict[str, Any]:
+def load(path: Path, screenshot: Optional[Path] = None, executable: Optional[str] = None,
+         width: int = 1400) -> Dict[str, Any]:
     exe = executable or find_chromium()
     if exe is None:
         raise FileNotFoundError("no chromium on PATH (bash scripts/install-chromium.sh)")
     browser = Browser(exe)
     try:
-        return browser.load(path, screenshot)
+        return browser.load(path, screenshot, width)
     finally:
         browser.close()
 
 
 if __name__ == "__main__":  # pragma: no cover
-    result = load(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+    result = load(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None,
+                  width=int(sys.argv[3]) if len(sys.argv) > 3 else 1400)
     print(json.dumps({k: v for k, v in result.items()}, indent=1))

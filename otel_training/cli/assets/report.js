@@ -72,7 +72,7 @@
         dash: s.dash || undefined,
         fill: stacked ? s.color + "cc" : undefined,
         spanGaps: true,
-        points: { show: spec.x.length <= 30, size: 5 },
+        points: { show: !stacked && spec.x.length <= 30, size: 5 },
         value: function (u, v, si, i) { return i == null ? "-" : fmt(spec.unit, raw[k][i]); },
       });
     });
@@ -129,6 +129,7 @@
       title: spec.title,
       width: width,
       height: HEIGHT + (rotate ? 40 : 0),
+      padding: [12, rotate ? 48 : 12, 0, 0],  // room for the last rotated label
       scales: { x: { time: false, range: function () { return [-0.5, n - 0.5]; } }, y: { range: zeroBased } },
       axes: [
         {
