@@ -183,7 +183,7 @@ def test_written_on_sigterm(tmp_path):
     r.proc.send_signal(signal.SIGTERM)
     assert r.wait(60) == -signal.SIGTERM  # died of SIGTERM, as without us
     steps = [e["args"]["training.step"] for e in check_schema(json.loads(path.read_text())) if e["name"] == "step"]
-    assert steps[:6] == [0, 5, 10, 15, 20, 25]
+    assert {0, 5, 10, 15, 20, 25} <= set(steps)  # one in 5 (and slow steps) up to the signal
 
 
 def test_a_folder_is_refused_with_the_variable_named(tmp_path):
