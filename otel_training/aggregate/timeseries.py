@@ -38,7 +38,7 @@ _UNTRACKED = attrgetter("untracked_ns")
 _TIMES = attrgetter("times")
 _BATCH = attrgetter("batch_size")
 _IDLE = attrgetter("idle_ns")
-_NUMBER = attrgetter("number")
+_POSITIVE = (0).__lt__
 _FIRST, _LAST = itemgetter(0), itemgetter(-1)
 
 
@@ -122,7 +122,7 @@ class _Series:
         starts = list(map(_FIRST, times))
         ends = list(map(_LAST, times))
         durations = list(map(sub, ends, starts))
-        first, start, end = min(map(_NUMBER, chunk)), min(starts), max(ends)
+        first, start, end = chunk[0].number, min(starts), max(ends)
         if w.steps == 0:
             w.first, w.start, w.end = first, start, end
         else:
@@ -140,7 +140,7 @@ class _Series:
             sums = list(map(sum, zip(*map(_PHASE_NS, group))))
             for j, name in cols:
                 phases[name] = phases.get(name, 0) + sums[j]
-        untracked = sum(u for u in map(_UNTRACKED, chunk) if u > 0)
+        untracked = sum(filter(_POSITIVE, map(_UNTRACKED, chunk)))  # (C-level: no Python per step)
         if untracked:
             phases[sc.PHASE_UNTRACKED] = phases.get(sc.PHASE_UNTRACKED, 0) + untracked
         for idle in filter(None, map(_IDLE, chunk)):
