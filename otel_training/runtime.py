@@ -107,6 +107,7 @@ class Runtime:
             telemetry=self.telemetry,
             offset=offset,
             trace_file=self.trace_file,
+            timeseries=bool(config.summary or config.summary_file),
         )
         self._started_ns = time.perf_counter_ns()
         self.tracker = Tracker(
@@ -314,7 +315,8 @@ class Runtime:
         summary["step_boundary"] = self.config.step_boundary
         summary["coverage"] = coverage.to_dict(self._started_ns)
         summary["self_check"] = coverage.self_check()
-        summary["timeseries"] = self.pipeline.timeseries.to_dict()
+        if self.pipeline.timeseries is not None:
+            summary["timeseries"] = self.pipeline.timeseries.to_dict()
         return summary
 
     def shutdown(self, final: bool = True) -> None:

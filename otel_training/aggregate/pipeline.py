@@ -47,10 +47,12 @@ class Pipeline:
         telemetry: Any,
         offset: int,
         trace_file: Any = None,
+        timeseries: bool = True,
     ) -> None:
         self.summary = summary
         self.coverage = Coverage()  # (steps arrive in time order)
-        self.timeseries = TimeSeries(offset)
+        # The run over time, for the summary file's charts: kept only when a summary is asked for.
+        self.timeseries = TimeSeries(offset) if timeseries else None
         self._trace_file = trace_file  # OTEL_TRAINING_TRACE_FILE: traced steps as Chrome trace events
         self._resolver = Resolver(timer, capture)
         self._spans = spans
@@ -164,6 +166,8 @@ class Pipeline:
             return
         telemetry = self._telemetry
         for consumer in (self.coverage, self.summary, self.timeseries):
+            if consumer is None:
+                continue
             try:
                 consumer.add(batch)
             except Exception as exc:
