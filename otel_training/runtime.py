@@ -90,6 +90,7 @@ class Runtime:
             "pid": os.getpid(),
         }
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
+        self.trace_file = self._trace_file(config, summary_info, offset)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset, self.telemetry),
             metrics=StepMetrics(
@@ -105,6 +106,8 @@ class Runtime:
             timer=self.timer,
             telemetry=self.telemetry,
             offset=offset,
+            trace_file=self.trace_file,
+            timeseries=bool(config.summary or config.summary_file),
         )
         self._started_ns = time.perf_counter_ns()
         self.tracker = Tracker(
@@ -122,6 +125,14 @@ class Runtime:
         self._closed = False
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
         self.summary_file = SummaryFile(config.summary_file, self.info.rank)
+
+    def _trace_file(self, config: Config, info: dict, offset: int) -> Any:
+        if not config.trace_file:
+            return None
+        from otel_training.export.trace_file import TraceFile
+
+        # The tracker is made after the pipeline: read its training thread when needed.
+        return TraceFile(config.trace_file, offset, info, lambda: self.tracker.thread)
 
     # -- wiring -------------------------------------------------------------------------
     def on_error(self, component: str, exc: BaseException) -> None:
@@ -171,7 +182,7 @@ class Runtime:
         handles.on_remove(lambda: atexit.unregister(self.shutdown), "atexit")
         self._install_process_handlers()
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
-            self.summary_file.check()
+            self._check_files()
 
     def _install_process_handlers(self) -> None:
         """Fork, spawn and SIGTERM: workers stay silent, a terminated job still flushes."""
@@ -197,6 +208,11 @@ class Runtime:
         except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
             self.on_error("signals", exc)
 
+    def _check_files(self) -> None:
+        self.summary_file.check()
+        if self.trace_file is not None:
+            self.trace_file.check()
+
     def _process_run_wrapper(self, wrapped, instance, args, kwargs):
         # Under opentelemetry-instrument the distro holds a spawned child's set-up until
         # the process object arrives (otel_training.processes), so a worker never gets
@@ -207,7 +223,7 @@ class Runtime:
             except Exception as exc:  # pragma: no cover
                 self.on_error("workers", exc)
         elif not self._closed:
-            self.summary_file.check()  # e.g. a rank started by torch.multiprocessing.spawn
+            self._check_files()  # e.g. a rank started by torch.multiprocessing.spawn
         return wrapped(*args, **kwargs)
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -299,6 +315,8 @@ class Runtime:
         summary["step_boundary"] = self.config.step_boundary
         summary["coverage"] = coverage.to_dict(self._started_ns)
         summary["self_check"] = coverage.self_check()
+        if self.pipeline.timeseries is not None:
+            summary["timeseries"] = self.pipeline.timeseries.to_dict()
         return summary
 
     def shutdown(self, final: bool = True) -> None:
@@ -375,3 +393,8 @@ class Runtime:
                 self.summary_file.write(summary)
         except Exception as exc:
             self.on_error("summary", exc)
+        if self.trace_file is not None:
+            try:
+                self.trace_file.write()
+            except Exception as exc:
+                self.on_error("trace_file", exc)

@@ -11,6 +11,8 @@ bash scripts/setup.sh "test,distro,integrations"
 bash scripts/install-prometheus.sh || echo "test.sh: could not install Prometheus; stack tests will skip (or fail in CI)" >&2
 # Real Alertmanager + amtool for the alert delivery test, installed the same way.
 bash scripts/install-alertmanager.sh || echo "test.sh: could not install Alertmanager; its tests will skip (or fail in CI)" >&2
+# Debian's chromium for the HTML report's browser test, installed the same way.
+bash scripts/install-chromium.sh || echo "test.sh: could not install Chromium; the browser test will skip (or fail in CI)" >&2
 export PATH="$PWD/.tools/bin:$PATH"
 # The checks people use: ruff (lint + format) and mypy, on the package.
 .venv/bin/ruff check otel_training

@@ -3,7 +3,9 @@
 Reads run-end summary files (``--summary FILE ...``, one per rank) or a Prometheus
 (``--prometheus URL --run RUN --since 1h``), prints per-phase shares of step time,
 GPU utilization, the spread across ranks and throughput, then ranked advice from
-:mod:`otel_training.cli.verdict`. Exit status: 0, or 2 with one line on stderr.
+:mod:`otel_training.cli.verdict`. ``--html FILE`` also writes it as one offline
+HTML page with charts (``--compare B``: run B beside it, as ``compare`` does).
+Exit status: 0, or 2 with one line on stderr.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("train", "eval"), help="mode to diagnose (default: train when present)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per Prometheus query")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write an offline HTML report with charts to FILE")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="B",
+        help="with --html: a second run shown side by side (summary file(s), or with --prometheus a run)",
+    )
     return p
 
 
@@ -58,9 +67,21 @@ def build_report(args: argparse.Namespace) -> dict:
     else:
         end = parse_time(args.end) if args.end else time.time()
         start = parse_time(args.start) if args.start else end - parse_duration(args.since)
-        report = PrometheusReport(Prometheus(args.prometheus, args.timeout), start, end).collect(args.run)
-    mode = args.mode or pick_mode(report)
-    if args.mode and not (report["modes"].get(mode) or {}).get("steps"):
+        prom = Prometheus(args.prometheus, args.timeout)
+        report = PrometheusReport(prom, start, end).collect(args.run)
+        if getattr(args, "series", False):  # the run over time, for charts
+            from otel_training.cli.report_series import PrometheusSeries
+
+            hosts = sorted({r["host"] for rows in report["ranks"].values() for r in rows if r.get("host")})
+            series = PrometheusSeries(prom, start, end).collect(report["selector"][1:-1], hosts)
+            report.update(timeseries=series["ranks"], gpu_series=series["gpus"])
+    return diagnosed(report, args.mode)
+
+
+def diagnosed(report: dict, wanted: str | None = None) -> dict:
+    """``report`` with the ``mode`` it is diagnosed for and its ``findings``."""
+    mode = wanted or pick_mode(report)
+    if wanted and not (report["modes"].get(mode) or {}).get("steps"):
         have = ", ".join(report["modes"]) or "none"
         raise ReportError(f"no {mode} steps in this run (modes present: {have})")
     report["mode"] = mode
@@ -76,8 +97,13 @@ def build_report(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.series = bool(args.html)
     try:
+        if args.compare and not args.html:
+            raise ReportError("--compare needs --html (or use otel-training compare A B)")
         report = build_report(args)
+        if args.html:
+            _write_html(args, report)
     except ReportError as exc:
         print(f"otel-training report: {exc}", file=sys.stderr)
         return 2
@@ -90,6 +116,26 @@ def main(argv: list[str] | None = None) -> int:
 
         print(render(report, report["findings"], report["mode"]))
     return 0
+
+
+def _write_html(args: argparse.Namespace, report: dict) -> None:
+    from otel_training.cli.html_report import write_html
+
+    if not args.compare:
+        write_html(args.html, [report], None)
+    else:
+        from otel_training.cli.compare import compare, summary_paths
+
+        other = argparse.Namespace(**vars(args))
+        if args.prometheus:
+            if len(args.compare) != 1:
+                raise ReportError("--compare with --prometheus takes one run")
+            other.run = args.compare[0]
+        else:
+            other.summary = [p for arg in args.compare for p in summary_paths(arg)]
+        second = build_report(other)
+        write_html(args.html, [report, second], compare(report, second, report["mode"]))
+    print(f"otel-training report: wrote {args.html}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover
