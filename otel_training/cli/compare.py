@@ -272,7 +272,7 @@ def summary_paths(arg: str) -> list[str]:
 
 def load_run(arg: str, args: argparse.Namespace) -> dict:
     """One run as a report with its time series and findings."""
-    from otel_training.cli.report import build_report
+    from otel_training.cli.report_build import build_report
 
     ns = argparse.Namespace(**vars(args))
     if args.prometheus:

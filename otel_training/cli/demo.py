@@ -144,7 +144,7 @@ def main(argv=None) -> int:
 
 def _write_html(path: str, summary: dict) -> int:
     from otel_training.cli.html_report import write_html
-    from otel_training.cli.report import diagnosed
+    from otel_training.cli.report_build import diagnosed
     from otel_training.cli.report_sources import ReportError, merge_summaries
 
     try:

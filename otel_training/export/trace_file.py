@@ -27,8 +27,8 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from otel_training import semconv as sc
 
