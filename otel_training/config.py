@@ -82,6 +82,14 @@ def _path(name: str, raw: str) -> str | None:
     return value
 
 
+def _file(name: str, raw: str) -> str | None:
+    """A file to write (not a folder): ``{rank}``/``{pid}`` may be in it."""
+    value = _path(name, raw)
+    if value is not None and (value.endswith(("/", os.sep)) or os.path.isdir(value)):
+        raise ConfigError(f"{name}={raw!r} is not valid: use a file path, not a folder (e.g. trace-{{rank}}.json)")
+    return value
+
+
 _INTEGRATIONS = ("lightning", "transformers")
 
 
@@ -108,6 +116,7 @@ class Config:
     gpu_timing: str = "auto"
     summary: bool = False
     summary_file: str | None = None
+    trace_file: str | None = None
     hardware: bool = True
     hardware_interval: float = 1.0
     shutdown_timeout: float = 2.0
@@ -127,6 +136,7 @@ _SPEC: Mapping[str, tuple] = {
     "gpu_timing": (ev.OTEL_TRAINING_GPU_TIMING, _choice("auto", "events", "sync", "off")),
     "summary": (ev.OTEL_TRAINING_SUMMARY, _bool),
     "summary_file": (ev.OTEL_TRAINING_SUMMARY_FILE, _path),
+    "trace_file": (ev.OTEL_TRAINING_TRACE_FILE, _file),
     "hardware": (ev.OTEL_TRAINING_HARDWARE, _bool),
     "hardware_interval": (ev.OTEL_TRAINING_HARDWARE_INTERVAL, _number(0.0, exclusive=True)),
     "shutdown_timeout": (ev.OTEL_TRAINING_SHUTDOWN_TIMEOUT, _number(0.0, exclusive=True)),

@@ -63,6 +63,20 @@ A path: the run-end summary is also written there as JSON (read by
 path are replaced, so ranks do not overwrite each other.
 """
 
+OTEL_TRAINING_TRACE_FILE = "OTEL_TRAINING_TRACE_FILE"
+"""
+.. envvar:: OTEL_TRAINING_TRACE_FILE
+
+A path: the traced steps (the same tail-capture sample as the spans) are also
+written there as Chrome trace-event JSON, for Perfetto UI or chrome://tracing.
+Unset by default. ``{rank}`` and ``{pid}`` are replaced as in
+``OTEL_TRAINING_SUMMARY_FILE``. ``ts`` counts microseconds from the file's
+``baseTimeNanoseconds`` on the spans' clock, as torch.profiler's traces do
+(``otel-training trace-merge`` puts ranks and profiles in one file); at most 32 MiB
+of events (the oldest traced steps are dropped beyond); written at exit and on
+SIGTERM. See docs/report.md.
+"""
+
 OTEL_TRAINING_HARDWARE = "OTEL_TRAINING_HARDWARE"
 """
 .. envvar:: OTEL_TRAINING_HARDWARE

@@ -9,8 +9,8 @@ owner's ``__dict__``) is deleted again rather than re-set.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import wrapt
 

@@ -1,5 +1,5 @@
 """The library this instrumentation instruments (matches the ``instruments`` extra)."""
 
-_instruments = ("torch >= 2.1",)
+_instruments = ("torch >= 2.13",)
 
 _supports_metrics = True

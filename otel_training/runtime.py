@@ -18,7 +18,6 @@ from typing import Any
 
 from otel_training import processes
 from otel_training import semconv as sc
-from otel_training.aggregate.memory import MemoryTrend
 from otel_training.aggregate.pipeline import Pipeline
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary, SummaryFile
@@ -29,9 +28,8 @@ from otel_training.export.metrics import StepMetrics
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
 from otel_training.handles import Handles
+from otel_training.perf import Perf
 from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
-from otel_training.record.flops import attach_flop_probe
-from otel_training.record.memory import MemoryReader
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.version import __version__
@@ -93,8 +91,8 @@ class Runtime:
             "pid": os.getpid(),
         }
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
-        self.memory_trend = MemoryTrend()
-        consumers = self._perf_consumers(meter, common)
+        self.trace_file = self._trace_file(config, summary_info, offset)
+        self.perf = Perf(config, meter, common, self.on_error)  # throughput, FLOPs, memory (perf.py)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset, self.telemetry),
             metrics=StepMetrics(
@@ -110,14 +108,14 @@ class Runtime:
             timer=self.timer,
             telemetry=self.telemetry,
             offset=offset,
-            consumers=consumers,
+            trace_file=self.trace_file,
+            timeseries=bool(config.summary or config.summary_file),
+            consumers=self.perf.consumers,
         )
         self._started_ns = time.perf_counter_ns()
         assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)
         self.tracker = Tracker(assembler, self.timer)
-        # FLOPs per step counted once (record/flops.py); memory read at step ends (record/memory.py)
-        self.flop_probe = attach_flop_probe(assembler, self.pipeline.submit, config, self._compiled)
-        self.tracker.memory = MemoryReader() if config.memory else None
+        self.perf.attach(assembler, self.pipeline.submit, self.tracker, lambda: self.module_hooks)
         self.module_hooks: Any = None  # RootModuleHooks, once installed
         self.handles = Handles()  # every attachment; uninstall removes them in reverse
         self.hardware: Any = None  # HardwareMetrics, when sampling
@@ -131,21 +129,15 @@ class Runtime:
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
         self.summary_file = SummaryFile(config.summary_file, self.info.rank)
 
+    def _trace_file(self, config: Config, info: dict, offset: int) -> Any:
+        if not config.trace_file:
+            return None
+        from otel_training.export.trace_file import TraceFile
+
+        # The tracker is made after the pipeline: read its training thread when needed.
+        return TraceFile(config.trace_file, offset, info, lambda: self.tracker.thread)
+
     # -- wiring -------------------------------------------------------------------------
-    def _perf_consumers(self, meter: Any, common: dict) -> list:
-        """The memory trend, and the tokens/FLOPs/MFU and memory instruments."""
-        try:
-            from otel_training.export.throughput import perf_metrics
-
-            return [self.memory_trend, *perf_metrics(meter, common, self.memory_trend, self.config.memory)]
-        except Exception as exc:
-            self.on_error("metrics", exc)
-            return [self.memory_trend]
-
-    def _compiled(self) -> bool:
-        hooks = self.module_hooks
-        return hooks is not None and hooks.has_compiled()
-
     def on_error(self, component: str, exc: BaseException) -> None:
         self.telemetry.internal_error(component, exc)
 
@@ -176,7 +168,7 @@ class Runtime:
         try:
             from otel_training.export import progress
 
-            progress.register(self._meter, self.tracker, self._common)
+            progress.register(self._meter, self.tracker, self._common, self.on_error)
         except Exception as exc:
             self.on_error("progress", exc)
         if self.config.hardware:
@@ -193,7 +185,7 @@ class Runtime:
         handles.on_remove(lambda: atexit.unregister(self.shutdown), "atexit")
         self._install_process_handlers()
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
-            self.summary_file.check()
+            self._check_files()
 
     def _install_process_handlers(self) -> None:
         """Fork, spawn and SIGTERM: workers stay silent, a terminated job still flushes."""
@@ -219,6 +211,11 @@ class Runtime:
         except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
             self.on_error("signals", exc)
 
+    def _check_files(self) -> None:
+        self.summary_file.check()
+        if self.trace_file is not None:
+            self.trace_file.check()
+
     def _process_run_wrapper(self, wrapped, instance, args, kwargs):
         # Under opentelemetry-instrument the distro holds a spawned child's set-up until
         # the process object arrives (otel_training.processes), so a worker never gets
@@ -229,7 +226,7 @@ class Runtime:
             except Exception as exc:  # pragma: no cover
                 self.on_error("workers", exc)
         elif not self._closed:
-            self.summary_file.check()  # e.g. a rank started by torch.multiprocessing.spawn
+            self._check_files()  # e.g. a rank started by torch.multiprocessing.spawn
         return wrapped(*args, **kwargs)
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -321,9 +318,9 @@ class Runtime:
         summary["step_boundary"] = self.config.step_boundary
         summary["coverage"] = coverage.to_dict(self._started_ns)
         summary["self_check"] = coverage.self_check()
-        memory = self.memory_trend.to_dict()
-        if memory is not None:
-            summary["memory"] = memory
+        self.perf.summarize(summary)
+        if self.pipeline.timeseries is not None:
+            summary["timeseries"] = self.pipeline.timeseries.to_dict()
         return summary
 
     def shutdown(self, final: bool = True) -> None:
@@ -352,10 +349,7 @@ class Runtime:
             self.on_error("shutdown", exc)
         try:
             self.tracker.close()  # steps the assembler still holds
-            if self.flop_probe is not None:
-                self.flop_probe.close()  # a count still open (the run ended inside it)
-            if self.tracker.memory is not None:
-                self.tracker.memory.close()
+            self.perf.close()  # a FLOP count still open (the run ended inside it)
         except Exception as exc:
             self.on_error("shutdown", exc)
         try:
@@ -404,3 +398,8 @@ class Runtime:
                 self.summary_file.write(summary)
         except Exception as exc:
             self.on_error("summary", exc)
+        if self.trace_file is not None:
+            try:
+                self.trace_file.write()
+            except Exception as exc:
+                self.on_error("trace_file", exc)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install otel-training with what the given extras need.
+# Create .venv and install otel-training with its instruments extra (torch, numpy) and
+# what the given extras need.
 # Usage: scripts/setup.sh [EXTRAS]   (e.g. "test,distro,integrations")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,5 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
-spec="."
-[ -n "$extras" ] && spec=".[$extras]"
 # torch is pinned through constraints.txt: a CPU build is enough for the demo and tests.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt torch -e "$spec"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[instruments${extras:+,$extras}]"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fresh machine to a full test run: install everything (package, test tools,
 # framework integrations, real Prometheus + promtool, real Alertmanager + amtool),
-# then run the tests.
+# check lint, format and types, then run the tests on the newest OpenTelemetry
+# versions pyproject.toml allows and again on the lowest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,distro,integrations"
@@ -10,5 +11,16 @@ bash scripts/setup.sh "test,distro,integrations"
 bash scripts/install-prometheus.sh || echo "test.sh: could not install Prometheus; stack tests will skip (or fail in CI)" >&2
 # Real Alertmanager + amtool for the alert delivery test, installed the same way.
 bash scripts/install-alertmanager.sh || echo "test.sh: could not install Alertmanager; its tests will skip (or fail in CI)" >&2
+# Debian's chromium for the HTML report's browser test, installed the same way.
+bash scripts/install-chromium.sh || echo "test.sh: could not install Chromium; the browser test will skip (or fail in CI)" >&2
 export PATH="$PWD/.tools/bin:$PATH"
-exec .venv/bin/python -m pytest -q -rs "$@"
+# The checks people use: ruff (lint + format) and mypy, on the package.
+.venv/bin/ruff check otel_training
+.venv/bin/ruff format --check otel_training
+.venv/bin/mypy
+status=0
+# The suite includes the package as a user gets it (tests/test_package.py): sdist and wheel
+# built and twine-checked, the wheel run from a fresh virtual environment.
+.venv/bin/python -m pytest -q -rs "$@" || status=$?
+bash scripts/test-sdk-lowest.sh "$@" || status=$?
+exit "$status"

@@ -60,7 +60,7 @@ def test_each_malformed_variable_stops_the_run_with_one_clear_line(var, tmp_path
 
 
 def test_only_paths_accept_any_value():
-    assert ACCEPT_ANYTHING == ["OTEL_TRAINING_SUMMARY_FILE"]
+    assert ACCEPT_ANYTHING == ["OTEL_TRAINING_SUMMARY_FILE", "OTEL_TRAINING_TRACE_FILE"]
 
 
 @pytest.mark.parametrize("var, exporters, what", [

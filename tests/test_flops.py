@@ -82,7 +82,7 @@ def test_flops_per_step_match_flop_counter_and_the_nanogpt_formula(instrumented)
     assert not tel.points("training.mfu")
     # the probe left the step path once done: steps go straight to the pipeline
     runtime = tel.runtime
-    assert runtime.flop_probe.done and runtime.tracker.assembler._sink == runtime.pipeline.submit
+    assert runtime.perf.probe.done and runtime.tracker.assembler._sink == runtime.pipeline.submit
 
 
 def test_mfu_from_a_given_peak(instrumented):
@@ -129,7 +129,7 @@ def test_flops_per_step_given_and_turned_off(instrumented):
     off = instrumented(flops_per_step=0)
     _, _, _, train = _nanogpt_run(off, iters=4)
     assert "flops" not in train and not off.points("training.flops")
-    assert off.runtime.flop_probe is None
+    assert off.runtime.perf.probe is None
 
 
 def test_a_compiled_model_is_not_counted_with_one_log_line(instrumented, caplog):

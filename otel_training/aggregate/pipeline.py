@@ -4,8 +4,9 @@ The training thread only appends to a bounded deque (``submit``); if we fall beh
 steps are dropped and counted, never waited for. On its own daemon thread the
 pipeline resolves each timeline once into an immutable ``StepRecord``
 (``record.py``) and hands batches of records, one way, to the consumers in a fixed
-order: coverage, run summary, spans, then metrics (which take the traced steps'
-span contexts for exemplars). No consumer calls back into the pipeline.
+order: coverage, run summary, time series, spans, the trace file when one is asked
+for, then metrics (which take the traced steps' span contexts for exemplars). No
+consumer calls back into the pipeline.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from otel_training.aggregate.coverage import Coverage
 from otel_training.aggregate.record import Resolver, StepRecord
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary
+from otel_training.aggregate.timeseries import TimeSeries
 from otel_training.record.timeline import StepTimeline
 
 _MAX_PENDING = 4096
@@ -45,11 +47,16 @@ class Pipeline:
         timer: Any,
         telemetry: Any,
         offset: int,
+        trace_file: Any = None,
+        timeseries: bool = True,
         consumers: Sequence[Any] = (),
     ) -> None:
         self.summary = summary
         self.consumers = tuple(consumers)  # more record consumers (memory trend, throughput), after the summary
         self.coverage = Coverage()  # (steps arrive in time order)
+        # The run over time, for the summary file's charts: kept only when a summary is asked for.
+        self.timeseries = TimeSeries(offset) if timeseries else None
+        self._trace_file = trace_file  # OTEL_TRAINING_TRACE_FILE: traced steps as Chrome trace events
         self._resolver = Resolver(timer, capture)
         self._spans = spans
         self._metrics = metrics
@@ -161,7 +168,9 @@ class Pipeline:
         if not batch:
             return
         telemetry = self._telemetry
-        for consumer in (self.coverage, self.summary, *self.consumers):
+        for consumer in (self.coverage, self.summary, self.timeseries, *self.consumers):
+            if consumer is None:
+                continue
             try:
                 consumer.add(batch)
             except Exception as exc:
@@ -171,6 +180,11 @@ class Pipeline:
             contexts = self._spans.add(batch)
         except Exception as exc:
             telemetry.internal_error("pipeline", exc)
+        if self._trace_file is not None:
+            try:
+                self._trace_file.add(batch)
+            except Exception as exc:
+                telemetry.internal_error("trace_file", exc)
         try:
             self._metrics.add(batch, contexts)
         except Exception as exc:

@@ -13,25 +13,28 @@ import time
 from array import array
 from collections.abc import Sequence
 from itertools import groupby, repeat
-from operator import attrgetter, itemgetter, sub, truediv
+from operator import sub, truediv
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.aggregate.record import UNTRACKED_KEY, Layout, StepRecord
+from otel_training.aggregate.record import (
+    BATCH_SIZE,
+    BY_LAYOUT,
+    IDLE_NS,
+    MICROBATCHES,
+    PHASE_NS,
+    SKIPPED,
+    TOKENS,
+    UNTRACKED_KEY,
+    UNTRACKED_NS,
+    Layout,
+    StepRecord,
+    bounds,
+)
 
 SCHEMA = "otel-training/summary/v1"
 _MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
 _MAX_CACHED = 1024  # layouts whose phase totals are looked up once
-_LAYOUT = attrgetter("layout")
-_PHASE_NS = attrgetter("phase_ns")
-_UNTRACKED = attrgetter("untracked_ns")
-_TIMES = attrgetter("times")
-_BATCH = attrgetter("batch_size")
-_MICRO = attrgetter("microbatches")
-_SKIPPED = attrgetter("skipped")
-_IDLE = attrgetter("idle_ns")
-_TOKENS = attrgetter("tokens")
-_FIRST, _LAST = itemgetter(0), itemgetter(-1)
 
 
 class _ModeStats:
@@ -101,7 +104,7 @@ class RunSummary:
     def add(self, records: Sequence[StepRecord]) -> None:
         """Count a batch of finished steps, a run of one layout at a time."""
         with self._lock:
-            for layout, run in groupby(records, _LAYOUT):
+            for layout, run in groupby(records, BY_LAYOUT):
                 self._add_run(layout, list(run))
             if records:
                 self.timing = records[-1].timing
@@ -115,24 +118,22 @@ class RunSummary:
             if len(self._slots) < _MAX_CACHED:
                 self._slots[layout] = slots
         if slots:
-            for slot, ns in zip(slots, map(sum, zip(*map(_PHASE_NS, run)))):
+            for slot, ns in zip(slots, map(sum, zip(*map(PHASE_NS, run)))):
                 slot[0] += ns
                 slot[1] += n
-        untracked = [u for u in map(_UNTRACKED, run) if u > 0]
+        untracked = [u for u in map(UNTRACKED_NS, run) if u > 0]
         if untracked:
             slot = m.phase(UNTRACKED_KEY)
             slot[0] += sum(untracked)
             slot[1] += len(untracked)
-        times = list(map(_TIMES, run))
-        starts = list(map(_FIRST, times))
-        ends = list(map(_LAST, times))
+        starts, ends = bounds(run)
         step_ns = list(map(sub, ends, starts))
         m.steps += n
         m.step_ns += sum(step_ns)
-        m.samples += sum(filter(None, map(_BATCH, run)))
-        m.microbatches += sum(map(_MICRO, run))
-        m.skipped += sum(map(_SKIPPED, run))
-        m.tokens += sum(filter(None, map(_TOKENS, run)))
+        m.samples += sum(filter(None, map(BATCH_SIZE, run)))
+        m.microbatches += sum(map(MICROBATCHES, run))
+        m.skipped += sum(map(SKIPPED, run))
+        m.tokens += sum(filter(None, map(TOKENS, run)))
         count = run[-1].flops
         if count is not None:  # known from some step on, then on every training step
             i = 0 if run[0].flops is not None else next(i for i, r in enumerate(run) if r.flops is not None)
@@ -147,7 +148,7 @@ class RunSummary:
         m.durations.extend(map(truediv, step_ns, repeat(1e9)))
         while len(m.durations) > _MAX_DURATIONS:
             m.durations = m.durations[::2]
-        for idle in filter(None, map(_IDLE, run)):
+        for idle in filter(None, map(IDLE_NS, run)):
             for name, ns in idle.items():
                 m.idle_ns[name] = m.idle_ns.get(name, 0) + ns
 

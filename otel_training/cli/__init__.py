@@ -7,8 +7,11 @@ import sys
 _COMMANDS = {
     "demo": ("otel_training.cli.demo", "run a small training job with a slow data pipeline and print its breakdown"),
     "report": ("otel_training.cli.report", "explain a run from Prometheus or a run-end summary file"),
+    "compare": ("otel_training.cli.compare", "compare two runs: what got faster or slower, beyond the noise"),
+    "trace-merge": ("otel_training.cli.trace_merge", "merge trace files (ranks, torch.profiler) on one clock"),
     "bench-data": ("otel_training.cli.bench_data", "benchmark a Dataset and DataLoader settings"),
     "agent": ("otel_training.cli.agent", "sample host and GPU hardware and export it (no training needed)"),
+    "stack": ("otel_training.cli.stack", "the Docker stack's files: init DIR writes them, check DIR validates them"),
     "config": ("otel_training.cli", "show every OTEL_TRAINING_* variable, its value and whether it is valid"),
 }
 

@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--export", action="store_true", help="export over OTLP (default when OTEL_EXPORTER_OTLP_ENDPOINT is set)"
     )
+    parser.add_argument("--html", metavar="FILE", help="also write the run's HTML report (charts, findings) to FILE")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -122,8 +123,11 @@ def main(argv=None) -> int:
         f"dataset sleeping {args.sample_delay_ms:g} ms per sample, num_workers={args.workers}",
         file=sys.stderr,
     )
+    from otel_training import runtime
+
     instrumentor = TrainingInstrumentor()
     instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, config=config)
+    run = runtime.current()
     try:
         train(model, loader, device, args.epochs)
     finally:
@@ -133,4 +137,20 @@ def main(argv=None) -> int:
                 shutdown = getattr(provider, "shutdown", None)
                 if shutdown:
                     shutdown()
+    if args.html and run is not None:
+        return _write_html(args.html, run.summary_dict())
+    return 0
+
+
+def _write_html(path: str, summary: dict) -> int:
+    from otel_training.cli.html_report import write_html
+    from otel_training.cli.report_build import diagnosed
+    from otel_training.cli.report_sources import ReportError, merge_summaries
+
+    try:
+        write_html(path, [diagnosed(merge_summaries([("demo run", summary)]))])
+    except ReportError as exc:
+        print(f"otel-training demo: {exc}", file=sys.stderr)
+        return 2
+    print(f"otel-training demo: wrote {path}", file=sys.stderr)
     return 0

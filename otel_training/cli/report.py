@@ -3,7 +3,9 @@
 Reads run-end summary files (``--summary FILE ...``, one per rank) or a Prometheus
 (``--prometheus URL --run RUN --since 1h``), prints per-phase shares of step time,
 GPU utilization, the spread across ranks and throughput, then ranked advice from
-:mod:`otel_training.cli.verdict`. Exit status: 0, or 2 with one line on stderr.
+:mod:`otel_training.cli.verdict`. ``--html FILE`` also writes it as one offline
+HTML page with charts (``--compare B``: run B beside it, as ``compare`` does).
+Exit status: 0, or 2 with one line on stderr.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
-from otel_training.cli.report_prometheus import Prometheus, PrometheusReport
-from otel_training.cli.report_sources import ReportError, load_summaries, parse_duration, parse_time
-from otel_training.cli.verdict import diagnose, pick_mode
+from otel_training.cli.report_build import build_report
+from otel_training.cli.report_sources import ReportError
 
 __all__ = ["main", "build_report", "ReportError"]
 
@@ -48,36 +48,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("train", "eval"), help="mode to diagnose (default: train when present)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per Prometheus query")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    return p
-
-
-def build_report(args: argparse.Namespace) -> dict:
-    """The report dict with ``mode`` and ``findings`` (Finding objects) added."""
-    if args.summary:
-        report = load_summaries(args.summary)
-    else:
-        end = parse_time(args.end) if args.end else time.time()
-        start = parse_time(args.start) if args.start else end - parse_duration(args.since)
-        report = PrometheusReport(Prometheus(args.prometheus, args.timeout), start, end).collect(args.run)
-    mode = args.mode or pick_mode(report)
-    if args.mode and not (report["modes"].get(mode) or {}).get("steps"):
-        have = ", ".join(report["modes"]) or "none"
-        raise ReportError(f"no {mode} steps in this run (modes present: {have})")
-    report["mode"] = mode
-    report["findings"] = diagnose(
-        dict(
-            report,
-            modes={mode: report["modes"][mode]} if mode else {},
-            ranks=(report["ranks"].get(mode) or []) if mode else [],
-        )
+    p.add_argument("--html", metavar="FILE", help="also write an offline HTML report with charts to FILE")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="B",
+        help="with --html: a second run shown side by side (summary file(s), or with --prometheus a run)",
     )
-    return report
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.series = bool(args.html)
     try:
+        if args.compare and not args.html:
+            raise ReportError("--compare needs --html (or use otel-training compare A B)")
         report = build_report(args)
+        if args.html:
+            _write_html(args, report)
     except ReportError as exc:
         print(f"otel-training report: {exc}", file=sys.stderr)
         return 2
@@ -90,6 +79,26 @@ def main(argv: list[str] | None = None) -> int:
 
         print(render(report, report["findings"], report["mode"]))
     return 0
+
+
+def _write_html(args: argparse.Namespace, report: dict) -> None:
+    from otel_training.cli.html_report import write_html
+
+    if not args.compare:
+        write_html(args.html, [report], None)
+    else:
+        from otel_training.cli.compare import compare, summary_paths
+
+        other = argparse.Namespace(**vars(args))
+        if args.prometheus:
+            if len(args.compare) != 1:
+                raise ReportError("--compare with --prometheus takes one run")
+            other.run = args.compare[0]
+        else:
+            other.summary = [p for arg in args.compare for p in summary_paths(arg)]
+        second = build_report(other)
+        write_html(args.html, [report, second], compare(report, second, report["mode"]))
+    print(f"otel-training report: wrote {args.html}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

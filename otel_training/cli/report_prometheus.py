@@ -48,10 +48,17 @@ class Prometheus:
 
     def query(self, promql: str, at: float) -> list[dict]:
         """``/api/v1/query`` → list of ``{"metric": labels, "value": float}``."""
-        data = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"}).encode()
+        return self._api("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}, "vector", _instant)
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+        """``/api/v1/query_range`` → ``{"metric": labels, "values": [(t, float), ...]}``."""
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return self._api("/api/v1/query_range", params, "matrix", _range)
+
+    def _api(self, path: str, params: dict, kind: str, convert) -> list[dict]:
         req = urllib.request.Request(
-            self.url + "/api/v1/query",
-            data=data,
+            self.url + path,
+            data=urllib.parse.urlencode(params).encode(),
             method="POST",
             headers={"Content-Type": "application/x-www-form-urlencoded"},
         )
@@ -73,14 +80,21 @@ class Prometheus:
             doc = json.loads(body)
             if doc.get("status") != "success":
                 raise ReportError(f"Prometheus at {self.url} rejected the query: {doc.get('error', 'unknown error')}")
-            result = doc["data"]["result"]
-            if doc["data"]["resultType"] != "vector":
+            if doc["data"]["resultType"] != kind:
                 raise ValueError(doc["data"]["resultType"])
-            return [{"metric": r["metric"], "value": float(r["value"][1])} for r in result]
+            return [convert(r) for r in doc["data"]["result"]]
         except ReportError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise ReportError(f"{self.url} did not answer like the Prometheus HTTP API (/api/v1/query)") from None
+            raise ReportError(f"{self.url} did not answer like the Prometheus HTTP API ({path})") from None
+
+
+def _instant(r: dict) -> dict:
+    return {"metric": r["metric"], "value": float(r["value"][1])}
+
+
+def _range(r: dict) -> dict:
+    return {"metric": r["metric"], "values": [(float(t), float(v)) for t, v in r["values"]]}
 
 
 def _api_error(body: bytes) -> str | None:

@@ -148,7 +148,11 @@ def read_summary(path: str) -> dict:
 
 def load_summaries(paths: list[str]) -> dict:
     """Merge one summary file per rank into a report."""
-    files = [(p, read_summary(p)) for p in paths]
+    return merge_summaries([(p, read_summary(p)) for p in paths])
+
+
+def merge_summaries(files: list[tuple[str, dict]]) -> dict:
+    """Merge run-end summaries (one per rank, each with its file name) into a report."""
     seen: dict = {}
     for path, s in files:
         key = (s.get("run_id"), s.get("rank"), s.get("pid"), s.get("host"))
@@ -224,6 +228,12 @@ def load_summaries(paths: list[str]) -> dict:
         "coverage": coverage,
         "self_check": checks,
         "memory": memory,
+        # per rank, the run over time (aggregate/timeseries.py), for the HTML report
+        "timeseries": [
+            {"rank": s.get("rank"), "host": s.get("host"), "modes": s["timeseries"]}
+            for _, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0]))
+            if isinstance(s.get("timeseries"), dict) and s["timeseries"]
+        ],
     }
 
 

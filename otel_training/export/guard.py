@@ -26,7 +26,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from otel_training.export import sdk
 from otel_training.export.selftelemetry import COMPONENT_METRICS, COMPONENT_TRACES

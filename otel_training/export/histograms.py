@@ -20,10 +20,10 @@ import threading
 import time
 import weakref
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from operator import add
-from typing import Any, Callable
+from typing import Any
 
 from otel_training.export import sdk
 

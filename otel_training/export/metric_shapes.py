@@ -13,20 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import groupby, repeat
-from operator import attrgetter, itemgetter, sub, truediv
+from operator import sub, truediv
 from typing import Any
 
-from otel_training.aggregate.record import UNTRACKED_KEY, Layout, StepRecord
+from otel_training.aggregate.record import (
+    BATCH_SIZE,
+    BY_LAYOUT,
+    MICROBATCHES,
+    PHASE_NS,
+    SKIPPED,
+    UNTRACKED_KEY,
+    UNTRACKED_NS,
+    Layout,
+    StepRecord,
+    bounds,
+)
 
 _MAX_CACHED = 1024  # layouts whose series are looked up once
-_LAYOUT = attrgetter("layout")
-_PHASE_NS = attrgetter("phase_ns")
-_UNTRACKED = attrgetter("untracked_ns")
-_TIMES = attrgetter("times")
-_BATCH = attrgetter("batch_size")
-_MICRO = attrgetter("microbatches")
-_SKIPPED = attrgetter("skipped")
-_FIRST, _LAST = itemgetter(0), itemgetter(-1)
 _NS = repeat(1e9)
 
 
@@ -49,18 +52,18 @@ class LayoutQueues:
     def add(self, records: Sequence[StepRecord]) -> None:
         metrics = self._metrics
         bank = metrics.bank
-        for layout, group in groupby(records, _LAYOUT):
+        for layout, group in groupby(records, BY_LAYOUT):
             run = list(group)
             mode = layout.mode
             series = self._series_of(layout)
-            untracked = [u for u in map(_UNTRACKED, run) if u > 0]
+            untracked = [u for u in map(UNTRACKED_NS, run) if u > 0]
             untracked_series = metrics.phase_handle(mode, UNTRACKED_KEY) if untracked else None
             step_series = metrics.step_series(mode)
-            times = list(map(_TIMES, run))
-            steps = map(sub, map(_LAST, times), map(_FIRST, times))
+            starts, ends = bounds(run)
+            steps = map(sub, ends, starts)
             with bank.lock:  # the bank's series are read by the collecting thread
                 if series:
-                    for s, column in zip(series, zip(*map(_PHASE_NS, run))):
+                    for s, column in zip(series, zip(*map(PHASE_NS, run))):
                         s.pending.extend(map(truediv, column, _NS))
                 if untracked_series is not None:
                     untracked_series.pending.extend(map(truediv, untracked, _NS))
@@ -68,7 +71,7 @@ class LayoutQueues:
             metrics.count(
                 mode,
                 len(run),
-                sum(filter(None, map(_BATCH, run))),
-                microbatches=sum(map(_MICRO, run)),
-                skipped=sum(map(_SKIPPED, run)),
+                sum(filter(None, map(BATCH_SIZE, run))),
+                microbatches=sum(map(MICROBATCHES, run)),
+                skipped=sum(map(SKIPPED, run)),
             )

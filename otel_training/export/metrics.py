@@ -8,8 +8,8 @@ for the bank a layout run at a time (``metric_shapes.py``, private to this consu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry import trace
 
@@ -162,28 +162,6 @@ class StepMetrics:
             pending[3] += skipped
         if queued:
             self._queued_steps += steps
-
-    def record(
-        self,
-        mode: str,
-        duration_s: float,
-        phases: dict[tuple[str, str], int],
-        idle: dict[str, float] | None,
-        batch_size: int | None,
-        context=None,
-        end_ns: int = 0,
-    ) -> None:
-        """``phases``: (name, parent) -> nanoseconds; see ``record_phases``."""
-        handle = self.phase_handle
-        self.record_phases(
-            mode,
-            duration_s,
-            [(handle(mode, key), ns / 1e9) for key, ns in phases.items()],
-            idle,
-            batch_size,
-            context,
-            end_ns,
-        )
 
     def record_phases(
         self,

@@ -15,7 +15,7 @@ change underneath, so a read that does not add up reports 0 for that export.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from otel_training import semconv as sc
@@ -35,20 +35,31 @@ class _Observed:
     def __init__(self) -> None:
         self.tracker: weakref.ref | None = None
         self.attributes: dict = {}
+        self.on_error: Callable[[str, BaseException], None] | None = None
 
     def callback(self, options) -> Iterable:
         from opentelemetry.metrics import Observation
 
         tracker = self.tracker() if self.tracker is not None else None
-        if tracker is None or (tracker.step is None and not tracker.assembler.steps):
-            return []  # no training here (yet): a torchrun launcher, a process that never steps
-        return [Observation(open_phase_seconds(tracker), self.attributes)]
+        try:
+            if tracker is None or (tracker.step is None and not tracker.assembler.steps):
+                return []  # no training here (yet): a torchrun launcher, a process that never steps
+            return [Observation(open_phase_seconds(tracker), self.attributes)]
+        except Exception as exc:  # our bug: counted, and no point this export
+            if self.on_error is not None:
+                self.on_error("progress", exc)
+            return []
 
 
 _OBSERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # meter -> _Observed
 
 
-def register(meter: Any, tracker: Any, attributes: dict | None = None) -> None:
+def register(
+    meter: Any,
+    tracker: Any,
+    attributes: dict | None = None,
+    on_error: Callable[[str, BaseException], None] | None = None,
+) -> None:
     """Export ``training.phase.open.duration`` for ``tracker`` on ``meter`` (with the
     common attributes: host, rank). The SDK keeps the first callback registered under a
     name on a meter, so the instrument is created once per meter and reads whichever
@@ -64,3 +75,4 @@ def register(meter: Any, tracker: Any, attributes: dict | None = None) -> None:
         )
     observed.tracker = weakref.ref(tracker)
     observed.attributes = dict(attributes or {})
+    observed.on_error = on_error

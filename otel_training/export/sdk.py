@@ -29,7 +29,8 @@ What we rely on (tested on the lowest SDK ``pyproject.toml`` allows and the newe
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def standard_configurator() -> type:

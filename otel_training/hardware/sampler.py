@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from otel_training.hardware.agent_lock import HostLock
 from otel_training.hardware.gpu import GpuSource

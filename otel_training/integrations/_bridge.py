@@ -6,7 +6,8 @@ self-telemetry and never reaches the training loop.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.record.tracker import DRIVER_DATALOADER, DRIVER_NONE
@@ -51,13 +52,6 @@ class Bridge:
                 t.start_step(driver=self.driver)
             except Exception as exc:
                 self.error(exc)
-
-    def claim(self) -> None:
-        """Become the step driver without opening a step (DataLoader ``__next__``
-        then records waits only inside our steps instead of starting its own)."""
-        t = self.tracker()
-        if t is not None and t.step is None:
-            t.claim_driver(self.driver)
 
     def release(self) -> None:
         """Hand step boundaries back to the DataLoader and the forwards (no step is

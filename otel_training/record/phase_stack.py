@@ -8,7 +8,8 @@ the hook entry points on top. Training thread only.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.record.timeline import PhaseRecord, StepTimeline

@@ -21,7 +21,8 @@ Everything runs on the training thread, O(1) per piece in the usual loop.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from otel_training.record.timeline import StepTimeline
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.record.batches import read_batch, read_inputs

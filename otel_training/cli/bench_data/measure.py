@@ -8,7 +8,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 KNEE = 0.9  # "stops helping": within 10% of the best throughput
 

@@ -1,0 +1,234 @@
+"""The run over time, compact and bounded: what the HTML report charts.
+
+A consumer of ``StepRecord`` batches (pipeline thread), like the run summary. Per
+mode, the run is cut into *windows* of consecutive steps; each window keeps its
+step count, step time, samples, wall time, the time per top-level phase, GPU idle
+time and a few quantile points of its step durations (for p50/p90).
+
+Bounded: at most ``MAX_WINDOWS`` windows per mode. Windows start one step wide;
+when ``MAX_WINDOWS`` are full, neighbours merge pairwise and the width doubles, so
+a run of any length keeps between ``MAX_WINDOWS / 2`` and ``MAX_WINDOWS`` of them,
+and at most ``MAX_PHASES`` phase columns (the rest are summed as ``other``). The
+JSON of one mode is at most about 60 kB, whatever the run's length.
+
+Quantiles are exact while a window holds at most ``POINTS`` steps; beyond, a
+window keeps ``POINTS`` evenly spaced quantile points and merging two windows
+resamples their union, a small sketch whose p50/p90 stay within a few percent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from itertools import groupby
+from operator import attrgetter, itemgetter, sub
+
+from otel_training import semconv as sc
+from otel_training.aggregate.record import Layout, StepRecord
+
+MAX_WINDOWS = 128
+POINTS = 16  # quantile points kept per window
+MAX_PHASES = 12  # phase columns written per mode (the largest); the rest become "other"
+_MAX_NAMES = 64  # distinct phase names tracked per mode; later ones are counted as "other"
+OTHER = "other"
+_MODE = attrgetter("mode")
+_LAYOUT = attrgetter("layout")
+_PHASE_NS = attrgetter("phase_ns")
+_UNTRACKED = attrgetter("untracked_ns")
+_TIMES = attrgetter("times")
+_BATCH = attrgetter("batch_size")
+_IDLE = attrgetter("idle_ns")
+_POSITIVE = (0).__lt__
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)
+
+
+def _resample(ordered: list, n: int) -> list:
+    """``n`` evenly spaced quantile points of a sorted list (each stands for the
+    same share of the steps)."""
+    size = len(ordered)
+    if size <= n:
+        return ordered
+    return [ordered[int((i + 0.5) * size / n)] for i in range(n)]
+
+
+class _Window:
+    __slots__ = ("first", "steps", "start", "end", "step_ns", "max_ns", "samples", "points", "phases", "idle_ns")
+
+    def __init__(self) -> None:
+        self.first = -1  # the first step number
+        self.steps = 0
+        self.start = 0  # perf_counter ns
+        self.end = 0
+        self.step_ns = 0
+        self.max_ns = 0
+        self.samples = 0
+        self.points: list[int] = []  # step durations (raw while open, then quantile points)
+        self.phases: dict[str, int] = {}
+        self.idle_ns = 0
+
+    def merge(self, other: _Window) -> None:
+        self.first = min(self.first, other.first)
+        self.steps += other.steps
+        self.start = min(self.start, other.start)
+        self.end = max(self.end, other.end)
+        self.step_ns += other.step_ns
+        self.max_ns = max(self.max_ns, other.max_ns)
+        self.samples += other.samples
+        self.points = _resample(sorted(self.points + other.points), POINTS)
+        for name, ns in other.phases.items():
+            self.phases[name] = self.phases.get(name, 0) + ns
+        self.idle_ns += other.idle_ns
+
+
+class _Series:
+    """The windows of one mode."""
+
+    __slots__ = ("width", "windows", "open", "columns", "names")
+
+    def __init__(self) -> None:
+        self.width = 1  # steps per window
+        self.windows: list[_Window] = []
+        self.open = _Window()
+        self.columns: dict[Layout, list[tuple[int, str]]] = {}  # a layout's top-level phases
+        self.names: set[str] = set()
+
+    def _columns(self, layout: Layout) -> list[tuple[int, str]]:
+        cols = self.columns.get(layout)
+        if cols is None:
+            cols = []
+            for i, (name, parent) in enumerate(layout.keys):
+                if parent != sc.SPAN_STEP:
+                    continue
+                if name not in self.names and len(self.names) >= _MAX_NAMES:
+                    name = OTHER
+                self.names.add(name)
+                cols.append((i, name))
+            if len(self.columns) < 1024:
+                self.columns[layout] = cols
+        return cols
+
+    def add(self, run: list[StepRecord]) -> None:
+        i, n = 0, len(run)
+        while i < n:
+            take = min(self.width - self.open.steps, n - i)
+            self._fill(run[i : i + take] if take < n else run)
+            i += take
+            if self.open.steps >= self.width:
+                self._close()
+
+    def _fill(self, chunk: Sequence[StepRecord]) -> None:
+        w = self.open
+        times = list(map(_TIMES, chunk))
+        starts = list(map(_FIRST, times))
+        ends = list(map(_LAST, times))
+        durations = list(map(sub, ends, starts))
+        first, start, end = chunk[0].number, min(starts), max(ends)
+        if w.steps == 0:
+            w.first, w.start, w.end = first, start, end
+        else:
+            w.first, w.start, w.end = min(w.first, first), min(w.start, start), max(w.end, end)
+        w.steps += len(chunk)
+        w.step_ns += sum(durations)
+        w.max_ns = max(w.max_ns, max(durations))
+        w.points.extend(durations)
+        w.samples += sum(filter(None, map(_BATCH, chunk)))
+        phases = w.phases
+        for layout, group in groupby(chunk, _LAYOUT):
+            cols = self._columns(layout)
+            if not cols:
+                continue
+            sums = list(map(sum, zip(*map(_PHASE_NS, group))))
+            for j, name in cols:
+                phases[name] = phases.get(name, 0) + sums[j]
+        untracked = sum(filter(_POSITIVE, map(_UNTRACKED, chunk)))  # (C-level: no Python per step)
+        if untracked:
+            phases[sc.PHASE_UNTRACKED] = phases.get(sc.PHASE_UNTRACKED, 0) + untracked
+        for idle in filter(None, map(_IDLE, chunk)):
+            w.idle_ns += sum(idle.values())
+
+    def _close(self) -> None:
+        w = self.open
+        w.points = _resample(sorted(w.points), POINTS)
+        self.windows.append(w)
+        self.open = _Window()
+        if len(self.windows) >= MAX_WINDOWS:
+            merged = []
+            for k in range(0, len(self.windows) - 1, 2):
+                a = self.windows[k]
+                a.merge(self.windows[k + 1])
+                merged.append(a)
+            self.windows = merged
+            self.width *= 2
+
+    def to_dict(self, offset: int) -> dict:
+        windows = list(self.windows)
+        if self.open.steps:
+            last = _Window()
+            last.merge(self.open)  # a copy, its points sorted and resampled
+            last.first, last.start, last.end = self.open.first, self.open.start, self.open.end
+            windows.append(last)
+        totals: dict[str, int] = {}
+        for w in windows:
+            for name, ns in w.phases.items():
+                totals[name] = totals.get(name, 0) + ns
+        keep = sorted(totals, key=lambda name: -totals[name])
+        if len(keep) > MAX_PHASES:
+            keep = keep[: MAX_PHASES - 1]
+        kept = set(keep)
+        phases: dict[str, list] = {name: [] for name in keep}
+        other: list = []
+        names = ("t", "wall_s", "first_step", "steps", "step_s", "p50_s", "p90_s", "max_s", "samples")
+        col: dict[str, list] = {k: [] for k in names}
+        idle: list = []
+        for w in windows:
+            pts = w.points
+            col["t"].append(round((w.start + offset) / 1e9, 3))
+            col["wall_s"].append(_s(w.end - w.start))
+            col["first_step"].append(w.first)
+            col["steps"].append(w.steps)
+            col["step_s"].append(_s(w.step_ns))
+            col["p50_s"].append(_s(pts[min(len(pts) - 1, len(pts) // 2)]) if pts else 0.0)
+            col["p90_s"].append(_s(pts[min(len(pts) - 1, int(0.9 * len(pts)))]) if pts else 0.0)
+            col["max_s"].append(_s(w.max_ns))
+            col["samples"].append(w.samples)
+            idle.append(_s(w.idle_ns))
+            for name in keep:
+                phases[name].append(_s(w.phases.get(name, 0)))
+            rest = sum(ns for name, ns in w.phases.items() if name not in kept)
+            other.append(_s(rest))
+        if any(other):
+            phases[OTHER] = other
+        out: dict = {"width": self.width, **col, "phases": phases}
+        if any(idle):
+            out["gpu_idle_s"] = idle
+        return out
+
+
+def _s(ns: int) -> float:
+    return float(f"{ns / 1e9:.6g}")
+
+
+class TimeSeries:
+    """Windows of steps per mode. ``add`` runs on the pipeline thread; ``to_dict``
+    may run on any (both under ``_lock``). ``offset`` maps perf_counter ns to epoch
+    ns (the spans' base)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self._modes: dict[str, _Series] = {}
+        self._lock = threading.Lock()
+
+    def add(self, records: Sequence[StepRecord]) -> None:
+        """Count a batch of finished steps: work per run of one mode, not per step."""
+        with self._lock:
+            for mode, run in groupby(records, _MODE):
+                series = self._modes.get(mode)
+                if series is None:
+                    series = self._modes[mode] = _Series()
+                series.add(list(run))
+
+    def to_dict(self) -> dict:
+        """``{mode: {"width", "t", "wall_s", ..., "phases": {name: [s]}}}``: columns,
+        one value per window (see docs/report.md)."""
+        with self._lock:
+            return {mode: s.to_dict(self.offset) for mode, s in self._modes.items() if s.windows or s.open.steps}

@@ -1,0 +1,307 @@
+"""``otel-training compare A B``: did run B get faster than run A, and where?
+
+A and B are summary files (several ranks: comma-separated, or a quoted glob) or,
+with ``--prometheus URL``, two runs (``training_run_id``, job or label matchers).
+Per phase, step time, throughput and verdict, A vs B with deltas; overall
+``improvement``, ``regression`` or ``no change``, judged against run-to-run noise:
+
+- each run's noise comes from the run itself: its windows of steps (the summary's
+  time series, or Prometheus' windows), ranks merged, are cut into ``BLOCKS``
+  consecutive blocks of about equal step count; the standard error of the run's
+  mean is the block means' standard deviation over sqrt(blocks) (batch means:
+  neighbouring steps are correlated, blocks much less);
+- a change counts when it exceeds both ``Z`` times the two runs' combined standard
+  error and a floor (``--threshold``, default 5%): identical runs on one machine
+  differ by a few percent (load, clocks, caches) that no single run's spread shows.
+
+The step time is compared per step; when the batch size changed (samples per step
+differ by more than 1%), per sample instead. Exit status 0, or 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import sys
+from statistics import stdev
+from typing import Any
+
+from otel_training.cli.report_charts import Grid, by_size, top_phases
+from otel_training.cli.report_sources import ReportError
+
+BLOCKS = 8
+Z = 3.0
+FLOOR = 0.05
+
+IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
+
+
+def _blocks(report: dict, mode: str, value) -> list[float]:
+    """``value(steps, step_s, samples, phases)`` per block of consecutive windows."""
+    bins = list(Grid(report).mode(mode).values())
+    total = sum(acc["steps"] for acc in bins)
+    if len(bins) < 2 or not total:
+        return []
+    n = min(BLOCKS, len(bins))
+    out: list[float] = []
+    acc_steps = 0
+    cur: dict[str, Any] = {"steps": 0, "step_s": 0.0, "samples": 0, "phases": {}}
+    for acc in bins:
+        cur["steps"] += acc["steps"]
+        cur["step_s"] += acc["step_s"]
+        cur["samples"] += sum(own[2] for own in acc["rank"].values())
+        for name, s in acc["phases"].items():
+            cur["phases"][name] = cur["phases"].get(name, 0.0) + s
+        acc_steps += acc["steps"]
+        if acc_steps >= (len(out) + 1) * total / n:
+            v = value(cur["steps"], cur["step_s"], cur["samples"], cur["phases"])
+            if v is not None:
+                out.append(v)
+            cur = {"steps": 0, "step_s": 0.0, "samples": 0, "phases": {}}
+    return out
+
+
+def _se(values: list[float]) -> float | None:
+    return stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+
+
+def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: float, scale: float) -> dict:
+    """Is b - a a change? ``scale`` is what the floor is a share of (A's value, or
+    A's step time for a phase). Lower is better."""
+    delta = b - a
+    noise = math.sqrt((se_a or 0.0) ** 2 + (se_b or 0.0) ** 2) if (se_a is not None and se_b is not None) else None
+    threshold = max(floor * scale, Z * noise if noise is not None else 0.0)
+    change = NO_CHANGE
+    if abs(delta) > threshold:
+        change = IMPROVEMENT if delta < 0 else REGRESSION
+    return {
+        "a": a,
+        "b": b,
+        "delta": delta,
+        "delta_rel": delta / a if a else None,
+        "noise": noise,
+        "threshold": threshold,
+        "change": change,
+    }
+
+
+def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> dict:
+    """The comparison of two reports (``report.build_report`` output, findings in)."""
+    from otel_training.cli.verdict import pick_mode
+
+    mode = mode or pick_mode(a)
+    if not mode or mode not in a["modes"] or mode not in b["modes"]:
+        have_a, have_b = ", ".join(a["modes"]) or "none", ", ".join(b["modes"]) or "none"
+        raise ReportError(f"nothing to compare: no {mode or 'common'} steps in both runs (A: {have_a}; B: {have_b})")
+    ma, mb = a["modes"][mode], b["modes"][mode]
+    spa = ma["samples"] / ma["steps"] if ma["steps"] else 0.0
+    spb = mb["samples"] / mb["steps"] if mb["steps"] else 0.0
+    per_sample = bool(spa and spb and abs(spb - spa) > 0.01 * spa)
+    if per_sample:
+
+        def unit(steps, step_s, samples, phases):
+            return step_s / samples if samples else None
+
+        va, vb = ma["step_time_s"] / ma["samples"], mb["step_time_s"] / mb["samples"]
+    else:
+
+        def unit(steps, step_s, samples, phases):
+            return step_s / steps if steps else None
+
+        va, vb = ma["step_mean_s"], mb["step_mean_s"]
+    step = _judge(va, vb, _se(_blocks(a, mode, unit)), _se(_blocks(b, mode, unit)), floor, va)
+    step["per"] = "sample" if per_sample else "step"
+    tput = {"a": ma["throughput_sps"], "b": mb["throughput_sps"], "delta": mb["throughput_sps"] - ma["throughput_sps"]}
+    tput["delta_rel"] = tput["delta"] / tput["a"] if tput["a"] else None
+    pa = {p["name"]: p for p in top_phases(ma)}
+    pb = {p["name"]: p for p in top_phases(mb)}
+    phases = []
+    for name in by_size(pa, pb):
+
+        def phase_unit(steps, step_s, samples, ph, name=name):
+            return ph.get(name, 0.0) / steps if steps else None
+
+        x, y = pa.get(name, {}).get("mean_s", 0.0), pb.get(name, {}).get("mean_s", 0.0)
+        j = _judge(x, y, _se(_blocks(a, mode, phase_unit)), _se(_blocks(b, mode, phase_unit)), floor, ma["step_mean_s"])
+        j.update(name=name, share_a=pa.get(name, {}).get("share", 0.0), share_b=pb.get(name, {}).get("share", 0.0))
+        phases.append(j)
+    changed = None
+    if step["change"] != NO_CHANGE:
+        sign = -1 if step["change"] == IMPROVEMENT else 1
+        moved = [p for p in phases if p["change"] == step["change"]]
+        if moved:
+            changed = max(moved, key=lambda p: sign * p["delta"])["name"]
+    fa, fb = (a.get("findings") or [None])[0], (b.get("findings") or [None])[0]
+    return {
+        "mode": mode,
+        "a": _who(a),
+        "b": _who(b),
+        "result": step["change"],
+        "changed_phase": changed,
+        "step": step,
+        "throughput": tput,
+        "phases": phases,
+        "verdict": {"a": fa.to_dict() if fa else None, "b": fb.to_dict() if fb else None},
+        "noise_model": f"batch means over {BLOCKS} blocks; a change exceeds {floor:.0%} of A "
+        f"and {Z:g} x the combined standard error",
+    }
+
+
+def _who(report: dict) -> dict:
+    src = report.get("files") if report.get("source") == "summary" else report.get("selector")
+    return {"run": report.get("run"), "source": report.get("source"), "from": src, "range": report.get("range")}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def _pct(x: float | None, sign: bool = True) -> str:
+    return "-" if x is None else (f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%")
+
+
+def render(c: dict) -> str:
+    """The comparison as text."""
+    from otel_training.cli.render import _table
+
+    s, t = c["step"], c["throughput"]
+    per = "sample" if s["per"] == "sample" else "step"
+    lines = [
+        f"otel-training compare ({c['mode']} steps)",
+        f"  A: run {c['a']['run']} ({_src(c['a'])})",
+        f"  B: run {c['b']['run']} ({_src(c['b'])})",
+        "",
+    ]
+    rows = [
+        [
+            f"time per {per} ms",
+            _ms(s["a"]),
+            _ms(s["b"]),
+            f"{s['delta'] * 1e3:+.1f} ms ({_pct(s['delta_rel'])})",
+            s["change"],
+        ],
+        [
+            "throughput samples/s",
+            f"{t['a']:,.1f}",
+            f"{t['b']:,.1f}",
+            f"{t['delta']:+,.1f} ({_pct(t['delta_rel'])})",
+            "",
+        ],
+    ]
+    lines += _table(["", "A", "B", "delta", ""], rows, {1, 2, 3})
+    lines.append("")
+    prow = [
+        [
+            p["name"],
+            _ms(p["a"]),
+            _ms(p["b"]),
+            f"{p['delta'] * 1e3:+.1f}",
+            _pct(p["share_a"], False),
+            _pct(p["share_b"], False),
+            "" if p["change"] == NO_CHANGE else p["change"],
+        ]
+        for p in c["phases"]
+    ]
+    lines += _table(["phase", "A ms/step", "B ms/step", "delta ms", "A share", "B share", ""], prow, {1, 2, 3, 4, 5})
+    lines.append("")
+    for k in ("a", "b"):
+        f = c["verdict"][k]
+        lines.append(f"verdict {k.upper()}: " + (f"{f['title']}: {f['detail']}" if f else "no data"))
+    lines.append("")
+    noise = "unknown (runs too short)" if s["noise"] is None else f"±{_pct(s['noise'] / s['a'], False)}"
+    head = f"result: {c['result']}: time per {per} {_ms(s['a'])} -> {_ms(s['b'])} ms ({_pct(s['delta_rel'])}; "
+    head += f"noise {noise}, threshold ±{_pct(s['threshold'] / s['a'], False)})"
+    if c["changed_phase"]:
+        p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
+        head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
+    lines.append(head)
+    return "\n".join(lines)
+
+
+def _src(who: dict) -> str:
+    src = who["from"]
+    return ", ".join(src) if isinstance(src, list) else str(src)
+
+
+# ---------------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="otel-training compare",
+        description="Compare two runs: per phase, step time, throughput and verdict, with an "
+        "improvement / regression / no change judged against run-to-run noise.",
+    )
+    p.add_argument(
+        "a",
+        metavar="A",
+        help="run A: summary file(s), comma-separated or a quoted glob; "
+        "with --prometheus a training_run_id, job or label matchers",
+    )
+    p.add_argument("b", metavar="B", help="run B, the same way")
+    p.add_argument("--prometheus", metavar="URL", help="read both runs from this Prometheus")
+    p.add_argument("--since", default="1h", metavar="DURATION", help="with --prometheus: how far back (default 1h)")
+    p.add_argument("--start", metavar="TIME", help="range start (unix seconds or ISO 8601)")
+    p.add_argument("--end", metavar="TIME", help="range end (default: now)")
+    p.add_argument("--mode", choices=("train", "eval"), help="mode to compare (default: train when present)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=FLOOR,
+        metavar="SHARE",
+        help=f"smallest relative change that counts, whatever the noise (default {FLOOR})",
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per Prometheus query")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write both runs side by side as an HTML report")
+    return p
+
+
+def summary_paths(arg: str) -> list[str]:
+    """``a.json``, ``r0.json,r1.json`` or ``'run-*.json'`` -> file names."""
+    out: list[str] = []
+    for part in (p.strip() for p in arg.split(",")):
+        if not part:
+            continue
+        found = sorted(glob.glob(part)) if any(ch in part for ch in "*?[") else [part]
+        if not found:
+            raise ReportError(f"no summary file matches {part!r}")
+        out.extend(found)
+    return out
+
+
+def load_run(arg: str, args: argparse.Namespace) -> dict:
+    """One run as a report with its time series and findings."""
+    from otel_training.cli.report_build import build_report
+
+    ns = argparse.Namespace(**vars(args))
+    if args.prometheus:
+        ns.summary, ns.run = None, arg
+    else:
+        ns.summary, ns.run = summary_paths(arg), None
+    ns.series = True
+    return build_report(ns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if not 0 <= args.threshold < 1:
+            raise ReportError(f"--threshold {args.threshold} is not a share between 0 and 1")
+        a, b = load_run(args.a, args), load_run(args.b, args)
+        result = compare(a, b, args.mode, args.threshold)
+        if args.html:
+            from otel_training.cli.html_report import write_html
+
+            write_html(args.html, [a, b], result)
+    except ReportError as exc:
+        print(f"otel-training compare: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(result, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(render(result))
+    if args.html:
+        print(f"otel-training compare: wrote {args.html}", file=sys.stderr)
+    return 0

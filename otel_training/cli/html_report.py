@@ -1,0 +1,212 @@
+"""``report --html`` / ``compare --html`` / ``demo --html``: one self-contained HTML file.
+
+Everything is inlined -- uPlot (``assets/uPlot.iife.min.js``, MIT, see
+``assets/README.md``), its stylesheet, the page's script and the data as JSON --
+and a Content-Security-Policy of ``default-src 'none'`` keeps the page from
+loading anything: it works offline, from ``file://``. The charts are specs made
+by :mod:`otel_training.cli.report_charts`; the text is the terminal report's.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from importlib import resources
+
+from otel_training.cli.finding import Finding
+from otel_training.cli.report_charts import Colors, compare_charts, run_charts
+from otel_training.cli.report_series import mode_names, require
+from otel_training.version import __version__
+
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+def _asset(name: str) -> str:
+    return resources.files("otel_training.cli").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:,.1f} ms"
+
+
+def _when(rng: dict | None) -> str:
+    if not rng or not rng.get("start"):
+        return ""
+    fmt = "%Y-%m-%d %H:%M:%S"
+    return f"{time.strftime(fmt, time.localtime(rng['start']))} .. {time.strftime(fmt, time.localtime(rng['end']))}"
+
+
+def _source(report: dict) -> str:
+    if report.get("source") == "summary":
+        files = report.get("files") or []
+        return f"{len(files)} summary file(s): " + ", ".join(os.path.basename(f) for f in files[:8])
+    return f"Prometheus {report.get('prometheus')} {report.get('selector')}"
+
+
+def _cards(report: dict) -> str:
+    out = []
+    for mode in mode_names(report):
+        m = report["modes"][mode]
+        items = [
+            (f"{m['steps']:,}", f"{mode} steps"),
+            (_ms(m.get("step_mean_s")), "mean step"),
+            (_ms(m.get("step_p50_s")) if m.get("step_p50_s") else "-", "p50 step"),
+            (_ms(m.get("step_p90_s")) if m.get("step_p90_s") else "-", "p90 step"),
+            (f"{m['throughput_sps']:,.1f}", "samples/s"),
+        ]
+        if m.get("gpu_idle_share") is not None:
+            items.append((f"{100 * m['gpu_idle_share']:.1f}%", "GPU idle"))
+        out.append(
+            '<div class="cards">'
+            + "".join(f"<div class=card><b>{_e(v)}</b><span>{_e(k)}</span></div>" for v, k in items)
+            + "</div>"
+        )
+    gpu = report.get("gpu_utilization")
+    if gpu:
+        out.append(
+            f'<p class="meta">GPU utilization: mean {100 * gpu["mean"]:.1f}%, lowest {100 * gpu["min"]:.1f}%</p>'
+        )
+    return "".join(out)
+
+
+def _findings(findings: list[Finding]) -> str:
+    if not findings:
+        return ""
+    items = []
+    for f in findings[:6]:
+        share = f" ({100 * f.score:.1f}% of step time)" if f.score else ""
+        advice = "".join(f"<li>{_e(a)}</li>" for a in f.advice)
+        items.append(
+            f'<li><span class="sev {_e(f.severity)}">{_e(f.severity)}</span><b>{_e(f.title)}</b>{_e(share)}'
+            f"<p>{_e(f.detail)}</p><ul>{advice}</ul></li>"
+        )
+    return '<ol class="findings">' + "".join(items) + "</ol>"
+
+
+def _run_section(report: dict, charts: list[dict], title: str) -> str:
+    from otel_training.cli.render import render
+
+    findings = report.get("findings") or []
+    verdict = f"{findings[0].title}: {findings[0].detail}" if findings else "no data"
+    meta = " · ".join(
+        x
+        for x in (
+            f"run {report.get('run')}",
+            _source(report),
+            _when(report.get("range")),
+            f"timing {report['timing']}" if report.get("timing") else "",
+            f"{report['world_size']} ranks" if (report.get("world_size") or 1) > 1 else "",
+        )
+        if x
+    )
+    blocks = "".join(f'<div class="chart" data-chart="{_e(c["id"])}"></div>' for c in charts)
+    text = render(report, findings, report.get("mode"))
+    return (
+        f"<section><h2>{_e(title)}</h2><p class=meta>{_e(meta)}</p>"
+        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}'
+        f"<h3>Findings and advice</h3>{_findings(findings)}"
+        f'<h3>Charts</h3><div class="charts">{blocks}</div>'
+        f"<details><summary>The terminal report</summary><pre>{_e(text)}</pre></details></section>"
+    )
+
+
+def _compare_section(c: dict, charts: list[dict]) -> str:
+    s = c["step"]
+    cls = c["result"].replace(" ", "-")
+    per = s["per"]
+    head = f"{c['result']}: time per {per} {_ms(s['a'])} → {_ms(s['b'])} ({100 * (s['delta_rel'] or 0):+.1f}%)"
+    if c.get("changed_phase"):
+        p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
+        head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
+    noise = "unknown" if s["noise"] is None else f"±{100 * s['noise'] / s['a']:.1f}%"
+    rows = [
+        f"<tr><td>time per {per}</td><td>{_ms(s['a'])}</td><td>{_ms(s['b'])}</td>"
+        f"<td>{s['delta'] * 1e3:+.1f} ms</td><td></td><td></td><td class='{cls}'>{_e(s['change'])}</td></tr>"
+    ]
+    t = c["throughput"]
+    rows.append(
+        f"<tr><td>throughput (samples/s)</td><td>{t['a']:,.1f}</td><td>{t['b']:,.1f}</td>"
+        f"<td>{t['delta']:+,.1f}</td><td></td><td></td><td></td></tr>"
+    )
+    for p in c["phases"]:
+        change = "" if p["change"] == "no change" else p["change"]
+        rows.append(
+            f"<tr><td>{_e(p['name'])}</td><td>{_ms(p['a'])}</td><td>{_ms(p['b'])}</td>"
+            f"<td>{p['delta'] * 1e3:+.1f} ms</td>"
+            f"<td>{100 * p['share_a']:.1f}%</td><td>{100 * p['share_b']:.1f}%</td>"
+            f"<td class='{change}'>{_e(change)}</td></tr>"
+        )
+    verdicts = "".join(
+        f"<li><b>{k.upper()}:</b> {_e(v['title'] + ': ' + v['detail']) if v else 'no data'}</li>"
+        for k, v in c["verdict"].items()
+    )
+    blocks = "".join(f'<div class="chart" data-chart="{_e(ch["id"])}"></div>' for ch in charts)
+    return (
+        f'<section><h2>A vs B ({_e(c["mode"])} steps)</h2><div class="verdict {cls}"><b>{_e(head)}</b><br>'
+        f"noise {noise}, threshold ±{100 * s['threshold'] / s['a']:.1f}% ({_e(c['noise_model'])})</div>"
+        "<table><tr><th></th><th>A</th><th>B</th><th>delta</th><th>A share</th><th>B share</th><th></th></tr>"
+        + "".join(rows)
+        + f"</table><h3>Verdicts</h3><ul>{verdicts}</ul><div class=charts>{blocks}</div></section>"
+    )
+
+
+def build_html(reports: list[dict], comparison: dict | None = None) -> str:
+    """The page for one run, or for two side by side (with ``comparison``)."""
+    for r in reports:
+        require(r)
+    colors = Colors()
+    charts: list[dict] = []
+    sections = []
+    if len(reports) == 1:
+        own = run_charts(reports[0], colors)
+        charts += own
+        body = _run_section(reports[0], own, "Run")
+        title = f"otel-training report: run {reports[0].get('run')}"
+    else:
+        a, b = reports
+        cmp_charts = compare_charts(a, b, colors) if comparison else []
+        charts += cmp_charts
+        for label, r in (("A", a), ("B", b)):
+            own = run_charts(r, colors, prefix=label.lower() + "-")
+            charts += own
+            sections.append(_run_section(r, own, f"Run {label}"))
+        body = (_compare_section(comparison, cmp_charts) if comparison else "") + (
+            '<div class="side">' + "".join(sections) + "</div>"
+        )
+        title = f"otel-training compare: {a.get('run')} vs {b.get('run')}"
+    data = json.dumps({"charts": {c["id"]: c for c in charts}}, separators=(",", ":"), allow_nan=False)
+    data = data.replace("</", "<\\/")  # never closes the script element
+    return (
+        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        f'<meta name=viewport content="width=device-width, initial-scale=1"><title>{_e(title)}</title>'
+        f"<style>{_asset('uPlot.min.css')}\n{_asset('report.css')}</style></head>\n"
+        f"<body><main><h1>{_e(title)}</h1>{body}"
+        f"<footer>otel-training {_e(__version__)} · charts drawn with uPlot 1.6.32 (MIT) · "
+        "this file loads nothing from the network</footer></main>\n"
+        f'<script type="application/json" id="otel-training-data">{data}</script>\n'
+        f"<script>{_asset('uPlot.iife.min.js')}</script>\n<script>{_asset('report.js')}</script>\n</body></html>\n"
+    )
+
+
+def write_html(path: str, reports: list[dict], comparison: dict | None = None) -> str:
+    """Write the page (atomically); returns the path."""
+    text = build_html(reports, comparison)
+    from otel_training.cli.report_sources import ReportError
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ReportError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    return path

@@ -1,0 +1,47 @@
+"""A run's report, built once for every command that shows one (``report``,
+``compare``, the HTML page, the demo): from summary files or Prometheus, with the
+mode it is diagnosed for and its findings."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from otel_training.cli.report_prometheus import Prometheus, PrometheusReport
+from otel_training.cli.report_sources import ReportError, load_summaries, parse_duration, parse_time
+from otel_training.cli.verdict import diagnose, pick_mode
+
+
+def build_report(args: argparse.Namespace) -> dict:
+    """The report dict with ``mode`` and ``findings`` (Finding objects) added."""
+    if args.summary:
+        report = load_summaries(args.summary)
+    else:
+        end = parse_time(args.end) if args.end else time.time()
+        start = parse_time(args.start) if args.start else end - parse_duration(args.since)
+        prom = Prometheus(args.prometheus, args.timeout)
+        report = PrometheusReport(prom, start, end).collect(args.run)
+        if getattr(args, "series", False):  # the run over time, for charts
+            from otel_training.cli.report_series import PrometheusSeries
+
+            hosts = sorted({r["host"] for rows in report["ranks"].values() for r in rows if r.get("host")})
+            series = PrometheusSeries(prom, start, end).collect(report["selector"][1:-1], hosts)
+            report.update(timeseries=series["ranks"], gpu_series=series["gpus"])
+    return diagnosed(report, args.mode)
+
+
+def diagnosed(report: dict, wanted: str | None = None) -> dict:
+    """``report`` with the ``mode`` it is diagnosed for and its ``findings``."""
+    mode = wanted or pick_mode(report)
+    if wanted and not (report["modes"].get(mode) or {}).get("steps"):
+        have = ", ".join(report["modes"]) or "none"
+        raise ReportError(f"no {mode} steps in this run (modes present: {have})")
+    report["mode"] = mode
+    report["findings"] = diagnose(
+        dict(
+            report,
+            modes={mode: report["modes"][mode]} if mode else {},
+            ranks=(report["ranks"].get(mode) or []) if mode else [],
+        )
+    )
+    return report

@@ -1,0 +1,64 @@
+"""Throughput, FLOPs and memory per step: one part in each stage, wired together.
+
+- training thread: the FLOP probe between the step assembler and the pipeline
+  (``record/flops.py``), memory read at step ends (``record/memory.py``); a batch's
+  samples and tokens are read by the tracker itself (``record/batches.py``);
+- pipeline thread: the memory trend and its creep fit (``aggregate/memory.py``), the
+  tokens, FLOPs and MFU instruments (``export/throughput.py``), the run summary's
+  tokens and FLOPs (``aggregate/summary.py``);
+- collection: the memory instruments (``export/memory.py``).
+
+``Runtime`` makes one ``Perf`` and calls it at construction, for the summary and at
+shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from otel_training.aggregate.memory import MemoryTrend
+from otel_training.record.flops import attach_flop_probe
+from otel_training.record.memory import MemoryReader
+
+
+class Perf:
+    """The parts of one runtime; ``consumers`` go to the pipeline."""
+
+    def __init__(self, config: Any, meter: Any, common: dict, on_error: Callable[[str, BaseException], None]):
+        self.config = config
+        self.trend = MemoryTrend()
+        self.consumers: list = [self.trend]
+        self.probe: Any = None
+        self.reader: MemoryReader | None = None
+        try:
+            from otel_training.export.throughput import perf_metrics
+
+            self.consumers += perf_metrics(meter, common, self.trend, config.memory)
+        except Exception as exc:  # the instruments are optional: the trend and summary stay
+            on_error("metrics", exc)
+
+    def attach(self, assembler: Any, submit: Callable, tracker: Any, module_hooks: Callable[[], Any]) -> None:
+        """Put the FLOP probe between ``assembler`` and ``submit``; give ``tracker`` its
+        memory reader. ``module_hooks()``: the RootModuleHooks, once installed (they know
+        whether a compiled module ran)."""
+
+        def compiled() -> bool:
+            hooks = module_hooks()
+            return hooks is not None and hooks.has_compiled()
+
+        self.probe = attach_flop_probe(assembler, submit, self.config, compiled)
+        self.reader = tracker.memory = MemoryReader() if self.config.memory else None
+
+    def summarize(self, summary: dict) -> None:
+        """Add the ``memory`` section to a run summary."""
+        memory = self.trend.to_dict()
+        if memory is not None:
+            summary["memory"] = memory
+
+    def close(self) -> None:
+        """The run ended: a FLOP count still open is left, the memory file closed."""
+        if self.probe is not None:
+            self.probe.close()
+        if self.reader is not None:
+            self.reader.close()
