@@ -1,9 +1,8 @@
 """Micro-costs of the per-step work for throughput, FLOPs and memory (issue 15).
 
-Each call timed alone with ``timeit`` (best of 5 repeats, µs per call), the one-off
-FLOP count of a ~1 ms step and of a small GPT step, and the Python opcodes of
-otel-training code on the training thread per step of ``overhead.py``'s ~1 ms loop
-(``sys.settrace``; run it with another checkout on PYTHONPATH to compare).
+Each call timed alone with ``timeit`` (best of 5 repeats, µs per call), and the
+one-off FLOP count of a ~1 ms step and of a small GPT step. Opcodes per step:
+``benchmarks/opcodes.py``.
 
     .venv/bin/python benchmarks/step_costs.py
 """
@@ -16,7 +15,6 @@ import time
 import timeit
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 torch.set_num_threads(1)
 
@@ -114,49 +112,6 @@ def flop_counts() -> None:
                 lambda m, b: m(b[0], b[1])[1])
 
 
-def opcodes(steps: int = 200) -> None:
-    """Opcodes executed in otel_training frames on the training thread per step."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
-
-    from otel_training.instrumentor import TrainingInstrumentor
-
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(3):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 4))
-    data = TensorDataset(torch.randn(64 * (steps + 40), 256), torch.randint(0, 4, (64 * (steps + 40),)))
-    loader = DataLoader(data, batch_size=64)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    inst = TrainingInstrumentor()
-    inst.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
-    count = [0]
-
-    def local(frame, event, arg):
-        if event == "opcode":
-            count[0] += 1
-        return local
-
-    def trace(frame, event, arg):
-        if "otel_training" in frame.f_code.co_filename:
-            frame.f_trace_opcodes = True
-            return local
-        return None
-
-    for i, (x, y) in enumerate(loader):
-        if i == 40:  # after discovery and the FLOP count
-            sys.settrace(trace)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    sys.settrace(None)
-    inst.uninstrument()
-    print(f"opcodes of otel-training on the training thread: {count[0] / steps:.0f} per step")
-
-
 if __name__ == "__main__":
     calls()
     flop_counts()
-    opcodes()
