@@ -200,9 +200,15 @@ def _tallied(formula: Callable, tallies: dict) -> Callable:
 
 
 def _tf32() -> bool:
+    """Whether fp32 matmuls run on TF32 tensor cores (read quietly: newer torch warns
+    about the older of its two settings)."""
+    import warnings
+
     torch = sys.modules["torch"]
     try:
-        return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.get_float32_matmul_precision() != "highest" or bool(torch.backends.cuda.matmul.allow_tf32)
     except Exception:
         return False
 
