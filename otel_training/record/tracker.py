@@ -289,9 +289,8 @@ class Tracker(PhaseStack):
             step.train_forward = True
 
     def forward_inputs(self, root: Any, args: tuple, kwargs: dict | None) -> None:
-        """A root forward's inputs, when no DataLoader drives: samples and tokens of
-        each forward of the step's first root, outside optimizer steps (nanoGPT's
-        ``model(x, y)`` per micro-batch; not an LBFGS closure's re-evaluations)."""
+        """Samples and tokens of each forward of the step's first root when no DataLoader
+        drives (nanoGPT's ``model(x, y)``), outside optimizer steps (LBFGS closures)."""
         step = self.step
         if step is not None and root is self._step_root and not self._optimizers:
             read_inputs(args, kwargs, step)
