@@ -81,8 +81,9 @@ def _record(tel: Instrumented) -> dict:
                "phases": sorted([p["name"], p["parent"], p["count"]] for p in m["phases"])}
         for mode, m in summary["modes"].items()
     }
-    return {"steps": steps, "points": sorted(points), "summary": modes,
-            "coverage_keys": sorted(summary["coverage"]), "self_check": summary["self_check"]}
+    # (The self-check is left out: this short loop's coverage sits near its 90% line,
+    # so whether it speaks depends on the machine's load, not on the code.)
+    return {"steps": steps, "points": sorted(points), "summary": modes, "coverage_keys": sorted(summary["coverage"])}
 
 
 def test_a_fixed_run_exports_what_it_exported_before_the_restructuring():
