@@ -26,9 +26,32 @@ def _module_global_hooks() -> dict:
 
 
 # -- per-step cost: hooks on roots only -------------------------------------------------------
+def test_the_flop_count_leaves_no_global_hook_behind(instrumented):
+    """The FLOP count's one measured step runs under FlopCounterMode (global module hooks
+    of its own); once it is over, the loop runs with no global hook again."""
+    baseline = _module_global_hooks()
+    tel = instrumented()  # FLOPs counted (the default)
+    model = make_model(depth=3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        for x, y in DataLoader(make_dataset(32), batch_size=4):
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    tel.uninstrument()
+    flops = tel.runtime.summary_dict()["modes"]["train"].get("flops") or {}
+    assert flops, "no FLOP count in the summary"
+    assert _module_global_hooks() == baseline
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
 def test_only_root_modules_keep_hooks_after_the_first_step(instrumented):
     baseline = _module_global_hooks()
-    tel = instrumented()
+    # (FLOPs off: the one step the FLOP count measures runs under FlopCounterMode, whose
+    # module tracker holds global hooks of its own for that step; tests/test_flops.py.)
+    tel = instrumented(flops_per_step=0)
     armed = _module_global_hooks()
     assert len(armed["_global_forward_pre_hooks"]) == len(baseline["_global_forward_pre_hooks"]) + 1
     model = make_model(depth=12)  # 25 submodules
