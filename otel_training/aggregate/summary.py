@@ -31,6 +31,7 @@ from otel_training.aggregate.record import (
     StepRecord,
     bounds,
 )
+from otel_training.files import check_writable
 
 SCHEMA = "otel-training/summary/v1"
 _MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
@@ -249,16 +250,9 @@ class SummaryFile:
         missing folder is created."""
         if not self.template:
             return
-        import tempfile
-
         path = self.path()
         try:
-            if os.path.isdir(path):
-                raise IsADirectoryError(21, "Is a directory")
-            directory = os.path.dirname(os.path.abspath(path))
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=directory, prefix=".otel-training-probe-"):
-                pass
+            check_writable(path)
         except OSError as exc:
             self.ok = False
             self._error(exc)

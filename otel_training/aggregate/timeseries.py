@@ -21,10 +21,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from itertools import groupby
-from operator import attrgetter, itemgetter, sub
+from operator import attrgetter, sub
 
 from otel_training import semconv as sc
-from otel_training.aggregate.record import Layout, StepRecord
+from otel_training.aggregate.record import (
+    BATCH_SIZE,
+    BY_LAYOUT,
+    IDLE_NS,
+    PHASE_NS,
+    UNTRACKED_NS,
+    Layout,
+    StepRecord,
+    bounds,
+)
 
 MAX_WINDOWS = 128
 POINTS = 16  # quantile points kept per window
@@ -32,14 +41,7 @@ MAX_PHASES = 12  # phase columns written per mode (the largest); the rest become
 _MAX_NAMES = 64  # distinct phase names tracked per mode; later ones are counted as "other"
 OTHER = "other"
 _MODE = attrgetter("mode")
-_LAYOUT = attrgetter("layout")
-_PHASE_NS = attrgetter("phase_ns")
-_UNTRACKED = attrgetter("untracked_ns")
-_TIMES = attrgetter("times")
-_BATCH = attrgetter("batch_size")
-_IDLE = attrgetter("idle_ns")
 _POSITIVE = (0).__lt__
-_FIRST, _LAST = itemgetter(0), itemgetter(-1)
 
 
 def _resample(ordered: list, n: int) -> list:
@@ -118,9 +120,7 @@ class _Series:
 
     def _fill(self, chunk: Sequence[StepRecord]) -> None:
         w = self.open
-        times = list(map(_TIMES, chunk))
-        starts = list(map(_FIRST, times))
-        ends = list(map(_LAST, times))
+        starts, ends = bounds(chunk)
         durations = list(map(sub, ends, starts))
         first, start, end = chunk[0].number, min(starts), max(ends)
         if w.steps == 0:
@@ -131,19 +131,19 @@ class _Series:
         w.step_ns += sum(durations)
         w.max_ns = max(w.max_ns, max(durations))
         w.points.extend(durations)
-        w.samples += sum(filter(None, map(_BATCH, chunk)))
+        w.samples += sum(filter(None, map(BATCH_SIZE, chunk)))
         phases = w.phases
-        for layout, group in groupby(chunk, _LAYOUT):
+        for layout, group in groupby(chunk, BY_LAYOUT):
             cols = self._columns(layout)
             if not cols:
                 continue
-            sums = list(map(sum, zip(*map(_PHASE_NS, group))))
+            sums = list(map(sum, zip(*map(PHASE_NS, group))))
             for j, name in cols:
                 phases[name] = phases.get(name, 0) + sums[j]
-        untracked = sum(filter(_POSITIVE, map(_UNTRACKED, chunk)))  # (C-level: no Python per step)
+        untracked = sum(filter(_POSITIVE, map(UNTRACKED_NS, chunk)))  # (C-level: no Python per step)
         if untracked:
             phases[sc.PHASE_UNTRACKED] = phases.get(sc.PHASE_UNTRACKED, 0) + untracked
-        for idle in filter(None, map(_IDLE, chunk)):
+        for idle in filter(None, map(IDLE_NS, chunk)):
             w.idle_ns += sum(idle.values())
 
     def _close(self) -> None:

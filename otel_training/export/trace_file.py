@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training.files import check_writable
 
 MAX_BYTES = 32 * 1024 * 1024
 DAY_NS = 86_400 * 10**9
@@ -207,16 +208,9 @@ class TraceFile:
 
     def check(self) -> None:
         """Find out at start, not after the run, that the file cannot be written."""
-        import tempfile
-
         path = self.path()
         try:
-            if os.path.isdir(path):
-                raise IsADirectoryError(21, "Is a directory")
-            directory = os.path.dirname(os.path.abspath(path))
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=directory, prefix=".otel-training-probe-"):
-                pass
+            check_writable(path)
         except OSError as exc:
             self.ok = False
             self._error(exc)

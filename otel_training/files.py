@@ -1,0 +1,17 @@
+"""Output files we write at exit (the run summary, the trace file): checked at start."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def check_writable(path: str) -> None:
+    """Raise ``OSError`` now, not after the run, if ``path`` cannot be written; a
+    missing folder is created."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "Is a directory")
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".otel-training-probe-"):
+        pass
