@@ -58,6 +58,28 @@ def _private_ids(tracer) -> None:
         sdk.use_id_generator(tracer, _PRIVATE_IDS, RandomIdGenerator)
 
 
+def step_attributes(record: Any) -> dict[str, Any]:
+    """The step's own attributes (docs/telemetry.md), for its span and its trace event."""
+    attrs: dict[str, Any] = {
+        sc.ATTR_STEP: record.number,
+        sc.ATTR_MODE: record.mode,
+        sc.ATTR_UNTRACKED: max(record.untracked_ns, 0) / 1e9,
+        sc.ATTR_TRACE_REASON: record.trace_reason,
+        sc.ATTR_TIMING: record.timing,
+    }
+    if record.epoch is not None:
+        attrs[sc.ATTR_EPOCH] = record.epoch
+    if record.batch_size is not None:
+        attrs[sc.ATTR_BATCH_SIZE] = record.batch_size
+    if record.tokens is not None:
+        attrs[sc.ATTR_TOKENS] = record.tokens
+    if record.microbatches:
+        attrs[sc.ATTR_MICROBATCHES] = record.microbatches
+    if record.skipped:
+        attrs[sc.ATTR_UPDATE_SKIPPED] = True
+    return attrs
+
+
 class StepSpans:
     """The span consumer: a ``step`` span and one child per phase for each traced
     record (one with a ``trace_reason``), with explicit timestamps."""
@@ -81,21 +103,7 @@ class StepSpans:
 
     def _emit(self, record: Any) -> Any:
         attrs = dict(self._attrs)
-        attrs[sc.ATTR_STEP] = record.number
-        attrs[sc.ATTR_MODE] = record.mode
-        attrs[sc.ATTR_UNTRACKED] = max(record.untracked_ns, 0) / 1e9
-        attrs[sc.ATTR_TRACE_REASON] = record.trace_reason
-        attrs[sc.ATTR_TIMING] = record.timing
-        if record.epoch is not None:
-            attrs[sc.ATTR_EPOCH] = record.epoch
-        if record.batch_size is not None:
-            attrs[sc.ATTR_BATCH_SIZE] = record.batch_size
-        if record.tokens is not None:
-            attrs[sc.ATTR_TOKENS] = record.tokens
-        if record.microbatches:
-            attrs[sc.ATTR_MICROBATCHES] = record.microbatches
-        if record.skipped:
-            attrs[sc.ATTR_UPDATE_SKIPPED] = True
+        attrs.update(step_attributes(record))
         tracer, offset, times, host = self._tracer, self._offset, record.times, record.host
         device, idle = record.device, record.idle_by_phase
         root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset, attributes=attrs)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training.export.spans import step_attributes
 from otel_training.files import check_writable
 
 MAX_BYTES = 32 * 1024 * 1024
@@ -110,19 +111,7 @@ class TraceFile:
 
     def _events(self, record: Any, tid: int) -> list[dict]:
         offset, times, host, pid = self.offset - (self.base or 0), record.times, record.host, self.pid
-        args: dict[str, Any] = {
-            sc.ATTR_STEP: record.number,
-            sc.ATTR_MODE: record.mode,
-            sc.ATTR_TRACE_REASON: record.trace_reason,
-            sc.ATTR_UNTRACKED: max(record.untracked_ns, 0) / 1e9,
-            sc.ATTR_TIMING: record.timing,
-        }
-        if record.epoch is not None:
-            args[sc.ATTR_EPOCH] = record.epoch
-        if record.batch_size is not None:
-            args[sc.ATTR_BATCH_SIZE] = record.batch_size
-        if record.microbatches:
-            args[sc.ATTR_MICROBATCHES] = record.microbatches
+        args = step_attributes(record)
         if record.error is not None:
             args["error"] = f"{type(record.error).__name__}: {record.error}"
         start = times[0] + offset
