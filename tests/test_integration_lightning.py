@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 from otel_training.cli.verdict import diagnose  # noqa: E402
 
-SLOW_S = 0.05
+# well above a loaded CI machine's slowest train_batch, so the callback stays the largest phase
+SLOW_S = 0.15
 SLOW = "callback.SlowLoggingCallback.on_train_batch_end"
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", module="lightning")
@@ -133,7 +134,7 @@ def test_lightning_module_hooks_and_loop_boundaries(instrumented):
             time.sleep(0.01)
 
         def on_train_epoch_end(self):
-            time.sleep(0.05)  # epoch-level work: must not land in a step
+            time.sleep(0.15)  # epoch-level work: must not land in a step
 
     tel = instrumented(integrations=("lightning",))
     _trainer(limit_val_batches=0).fit(LoggingModule(), _loader(24))
@@ -142,7 +143,7 @@ def test_lightning_module_hooks_and_loop_boundaries(instrumented):
     for s in steps:
         assert "callback.LoggingModule.on_train_batch_end" in s.top_level()
         assert "callback.LoggingModule.on_train_epoch_end" not in s.names()
-    assert steps[-1].duration < 0.05
+    assert steps[-1].duration < 0.1  # the 150 ms epoch-end work is not in it
 
 
 def test_lightning_gradient_accumulation_is_one_step_per_update(instrumented):

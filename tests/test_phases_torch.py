@@ -169,7 +169,7 @@ def test_optimizer_step_that_raised_does_not_swallow_later_phases(instrumented):
         torch.nn.functional.cross_entropy(model(x), y).backward()
         with pytest.raises(FloatingPointError):
             opt.step()
-        spin(0.02)
+        spin(0.06)
         opt.step()  # retried: a phase of its own
         y.tolist()
     (s,) = tel.steps()
@@ -178,7 +178,7 @@ def test_optimizer_step_that_raised_does_not_swallow_later_phases(instrumented):
     assert [c.name for c in s.children(batch)] == ["forward", "backward", "optimizer_step", "optimizer_step"]
     first, second = s.named("optimizer_step")
     assert first.end_time <= second.start_time  # ended when the failed step was retried
-    assert span_duration(second) < 0.02
+    assert span_duration(second) < 0.03  # not from the failed step's end: that holds the 60 ms
 
 
 @pytest.mark.parametrize("kind", ["step_lr", "sequential", "chained", "plateau", "onecycle"])
