@@ -30,11 +30,13 @@ from otel_training.export.spans import StepSpans
 from otel_training.handles import Handles
 from otel_training.perf import Perf
 from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
+from otel_training.record.reentry import interrupted_bookkeeping
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
+_SIGTERM_RETRIES = 100  # deliveries 1 ms apart while SIGTERM lands in our own code (record/reentry.py)
 _CURRENT: Runtime | None = None
 
 
@@ -206,6 +208,7 @@ class Runtime:
                 threading.current_thread() is threading.main_thread()
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
             ):
+                self._sigterm_retries = 0
                 signal.signal(signal.SIGTERM, self._on_sigterm)
                 self.handles.on_remove(self._restore_sigterm, "SIGTERM")
         except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
@@ -234,13 +237,23 @@ class Runtime:
 
         Called by another handler that took our place and chains to us (PyTorch
         Lightning does, to stop at the next step and save state): flush only, and leave
-        the decision to it -- the exit handlers finish the job later."""
+        the decision to it -- the exit handlers finish the job later. Landed inside our
+        own bookkeeping, it comes again 1 ms later (record/reentry.py)."""
         if signal.getsignal(signal.SIGTERM) != self._on_sigterm:
             try:
                 self.flush(self.config.shutdown_timeout)
             except Exception:  # pragma: no cover
                 pass
             return
+        try:
+            if self._sigterm_retries < _SIGTERM_RETRIES and interrupted_bookkeeping(frame):
+                # Mid-step in our own code: ending the run from here would lose that step.
+                self._sigterm_retries += 1
+                again = (threading.main_thread().ident, signal.SIGTERM)
+                threading.Timer(0.001, signal.pthread_kill, again).start()
+                return
+        except Exception:  # pragma: no cover - end the run now, as before
+            pass
         try:
             self.shutdown(final=True)
         except Exception:  # pragma: no cover - never stand between a job and its exit

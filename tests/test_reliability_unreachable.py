@@ -70,6 +70,24 @@ def test_ctrl_c_exits_promptly(dead_endpoint, tmp_path):
     assert "otel-training: train —" in r.stderr
 
 
+def test_sigterm_inside_our_step_end_loses_no_step(tmp_path):
+    """SIGTERM whose handler runs inside our own step-end code (the step taken off the
+    tracker, not yet handed on) waits for the loop to leave it: the step is exported."""
+    with OTLPReceiver() as receiver:
+        r = run(instrumented("sigterm_at_step_end.py", "--steps", "8"),
+                _env(receiver.endpoint, tmp_path, OTEL_METRIC_EXPORT_INTERVAL="60000",
+                     OTEL_BSP_SCHEDULE_DELAY="60000"))
+        assert r.proc.returncode == -signal.SIGTERM, r.stderr
+        assert "NOT KILLED" not in r.stdout, r.stdout
+        steps = [p.as_int for _, m in receiver.metrics() if m.name == "training.steps"
+                 for p in data_points(m)]
+        # the 8 finished steps; the 9th too when the delivery came back during it (the
+        # open step is ended at shutdown, as at any SIGTERM)
+        assert steps and max(steps) in (8, 9), (steps, r.stderr)
+        assert len([s for _, s in receiver.spans() if s.name == "step"]) == max(steps)
+        assert f"otel-training: train — {max(steps)} steps" in r.stderr
+
+
 def test_sigterm_flushes_what_was_measured_to_a_live_collector(tmp_path):
     with OTLPReceiver() as receiver:
         r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "8", "--sleep-ms", "5"),

@@ -55,6 +55,11 @@ NEGATIVE = sorted(p.stem for p in HERE.glob("neg_*.py"))
 MODES = ("train", "eval")
 DELAY_TOLERANCE = 0.10  # planted delays recovered within 10%
 COVERAGE_MIN = 0.95  # steps cover at least 95% of the loop's own wall time (less what lies between steps)
+# A planted phase holds its own real work too (a collate's padding, a fetch), which a loaded
+# 2-core machine stretches: measured may exceed planted by this much more a step (at most a
+# quarter of the delay). A delay attributed to the wrong phase still shows, as a shortfall
+# in the phase it was planted in (that side keeps the plain 10%).
+UNPLANTED_WORK_S = 0.005
 OUTSIDE_ALLOWANCE_S = 0.005  # unplanted time between steps per DataLoader loop end (StopIteration, ...)
 MISSING = object()
 
@@ -227,7 +232,8 @@ def test_planted_delays(loop):
         for name, want in sorted(delays.items()):
             total = _phase_total(m, name, mode)
             got = total / steps if steps else 0.0
-            if abs(got - want) > DELAY_TOLERANCE * want:
+            high = want * (1 + DELAY_TOLERANCE) + min(want / 4, UNPLANTED_WORK_S)
+            if not want * (1 - DELAY_TOLERANCE) <= got <= high:
                 planted_total = truth["planted_total_s"][mode][name]
                 problems.append(
                     f"{mode} {name}: {got * 1e3:.2f} ms/step measured, {want * 1e3:.2f} ms/step planted "
