@@ -250,7 +250,9 @@ class Runtime:
                 # Mid-step in our own code: ending the run from here would lose that step.
                 self._sigterm_retries += 1
                 again = (threading.main_thread().ident, signal.SIGTERM)
-                threading.Timer(0.001, signal.pthread_kill, again).start()
+                timer = threading.Timer(0.001, signal.pthread_kill, again)
+                timer.daemon = True
+                timer.start()
                 return
         except Exception:  # pragma: no cover - end the run now, as before
             pass

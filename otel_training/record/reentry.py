@@ -23,8 +23,9 @@ def interrupted_bookkeeping(frame: FrameType | None) -> bool:
     generated code's is otel-training's.
 
     Those are skipped: our bookkeeping calls into them (``torch.cuda.is_initialized``,
-    ``threading``, a NamedTuple's ``__new__``). A wrapper of ours waiting on a torch call (``nn.Linear`` inside a
-    timed root call) also answers True: a harmless wait of one more delivery."""
+    ``threading``, a NamedTuple's ``__new__``). A wrapper of ours waiting on a torch
+    call (``nn.Linear`` inside a timed root call) also answers True: a harmless wait of
+    one more delivery."""
     torch = sys.modules.get("torch")
     torch_file = getattr(torch, "__file__", None)
     torch_dir = os.path.dirname(torch_file) + os.sep if torch_file else "\0"
