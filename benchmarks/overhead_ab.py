@@ -1,0 +1,108 @@
+"""Two checkouts' overhead side by side, in lock-step: a before/after figure for a
+change to the per-step path that a noisy machine cannot blur.
+
+One worker process per checkout (its package first on ``sys.path``), each warm for
+the whole run. The driver asks them for one ``overhead.py`` round at a time (a plain
+epoch, an instrumented one, a plain one, on the ~1 ms case), alternating which goes
+first, so the machine's drift over minutes falls on both alike. Printed: each
+checkout's median ratio and µs added per step, and the median of the paired
+per-round differences. Run a checkout against itself (A/A) to see the noise floor.
+
+    .venv/bin/python benchmarks/overhead_ab.py BEFORE AFTER [--rounds 20]
+
+e.g. ``git worktree add /tmp/before HEAD~1`` then
+``.venv/bin/python benchmarks/overhead_ab.py /tmp/before .``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The worker: overhead.py's ~1 ms workload and round, one round per line on stdin.
+_WORKER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(1, sys.argv[2])
+import torch
+from overhead import _providers, _run_epoch, _workload
+import otel_training
+from otel_training import runtime
+from otel_training.instrumentor import TrainingInstrumentor
+torch.set_num_threads(1)
+work = _workload(256, 3, 64, 1200)
+_run_epoch(*work)
+print(json.dumps({"package": otel_training.__file__}), flush=True)
+for _ in sys.stdin:
+    before = _run_epoch(*work)
+    tp, mp = _providers()
+    inst = TrainingInstrumentor()
+    inst.instrument(tracer_provider=tp, meter_provider=mp)
+    _run_epoch(*work, limit=20)
+    pipeline = runtime.current().pipeline
+    pipeline.flush(10.0)
+    instr = _run_epoch(*work, finish=lambda: pipeline.flush(10.0))
+    inst.uninstrument()
+    tp.shutdown()
+    mp.shutdown()
+    plain = (before + _run_epoch(*work)) / 2
+    print(json.dumps({"ratio": instr / plain, "added_us": (instr - plain) * 1e6}), flush=True)
+"""
+
+
+def _start(checkout: str) -> subprocess.Popen:
+    root = os.path.abspath(checkout)
+    # Run from outside any checkout: the current directory would come first on sys.path.
+    return subprocess.Popen(
+        [sys.executable, "-c", _WORKER, root, _HERE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(root) or "/",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("before", help="a checkout (the directory holding otel_training/)")
+    parser.add_argument("after", help="another checkout, or the same one for an A/A run")
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+    names = (args.before, args.after)
+    workers = [_start(name) for name in names]
+    for name, worker in zip(names, workers):
+        line = worker.stdout.readline() if worker.stdout else ""
+        if not line:
+            sys.exit(f"the worker for {name} did not start")
+        print(f"{name}: {json.loads(line)['package']}")
+    results: list[list[dict]] = [[], []]
+    for i in range(args.rounds):
+        for k in (0, 1) if i % 2 == 0 else (1, 0):
+            worker = workers[k]
+            assert worker.stdin is not None and worker.stdout is not None
+            worker.stdin.write("round\n")
+            worker.stdin.flush()
+            results[k].append(json.loads(worker.stdout.readline()))
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.close()
+        worker.wait()
+    med = statistics.median
+    for name, rows in zip(names, results):
+        ratios = [r["ratio"] for r in rows]
+        q = statistics.quantiles(ratios, n=4)
+        added = med(r["added_us"] for r in rows)
+        print(f"{name:<24} ratio {med(ratios):.3f} ({q[0]:.3f}-{q[2]:.3f})   added {added:6.1f} µs/step")
+    diffs = [b["added_us"] - a["added_us"] for a, b in zip(*results)]
+    q = statistics.quantiles(diffs, n=4)
+    print(f"after - before, paired by round: {med(diffs):+.1f} µs/step (quartiles {q[0]:+.1f} to {q[2]:+.1f})")
+
+
+if __name__ == "__main__":
+    main()
