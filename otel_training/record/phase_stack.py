@@ -152,7 +152,12 @@ class PhaseStack:
         if self.step is None or not stack:
             return
         if stack[-1].name == name:  # the usual case: the innermost phase
-            end = stack.pop().end = self._mark()
+            if self._timer_mark is None:  # _mark_host(), inlined: every phase ends here
+                marks = self.step.marks
+                marks.append(self._clock())
+                end = stack.pop().end = len(marks) - 1
+            else:
+                end = stack.pop().end = self._mark()
         else:
             for i in range(len(stack) - 2, -1, -1):
                 if stack[i].name == name:
@@ -169,7 +174,12 @@ class PhaseStack:
             return
         stack = self._stack
         if stack and stack[-1] is rec:  # the usual case: the innermost
-            end = rec.end = self._mark()
+            if self._timer_mark is None:  # _mark_host(), inlined
+                marks = self.step.marks
+                marks.append(self._clock())
+                end = rec.end = len(marks) - 1
+            else:
+                end = rec.end = self._mark()
             stack.pop()
         else:
             for i in range(len(stack) - 2, -1, -1):

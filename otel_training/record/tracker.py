@@ -76,14 +76,16 @@ class Tracker(PhaseStack):
     def _new_step(self, source: Any = None, epoch: int | None = None) -> StepTimeline:
         step = StepTimeline(-1, epoch, source)
         self.step = step
-        self._stack = []
+        if self._stack:  # (a step that closed left them empty: no new lists each step)
+            self._stack = []
         self._batch = None
         self._batch_end = -1
         self._to_device_from = -1
         self._step_root = None
         self._forward_root = None
         self._last_root = None
-        self._optimizers = []
+        if self._optimizers:
+            self._optimizers = []
         return step
 
     # ------------------------------------------------------------------ steps
@@ -130,17 +132,23 @@ class Tracker(PhaseStack):
 
     def _close(self, token: Any, now: int) -> None:
         step = self.step
-        self._push(step, token, now)
-        end = len(step.marks) - 1
-        for rec in self._stack:  # phases left open (an exception, a break)
-            if rec.end < 0:
-                rec.end = self._batch_end if rec is self._batch and self._batch_end >= 0 else end
+        if self._timer_mark is not None:
+            step.tokens.append(token)
+        marks = step.marks
+        marks.append(now)
+        stack = self._stack
+        if stack:  # phases left open (an exception, a break; the container after an update)
+            end = len(marks) - 1
+            for rec in stack:
+                if rec.end < 0:
+                    rec.end = self._batch_end if rec is self._batch and self._batch_end >= 0 else end
+            self._stack = []
         if self._batch is not None and self._batch.end < 0:
-            self._batch.end = self._batch_end if self._batch_end >= 0 else end
+            self._batch.end = self._batch_end if self._batch_end >= 0 else len(marks) - 1
         self.step = None
-        self._stack = []
         self._batch = None
-        self._optimizers = []
+        if self._optimizers:
+            self._optimizers = []
         memory = self.memory
         if memory is not None and now >= memory.due:  # at most every few ms: see record/memory.py
             step.memory = memory.read(now)
