@@ -74,30 +74,35 @@ def _run_epoch(model, loader, opt, loss_fn, limit: int = 0, finish=None) -> floa
     return (time.perf_counter() - start) / n
 
 
+def instrumented_round(work) -> tuple[float, float]:
+    """One instrumented epoch and the plain one after it (seconds per step each)."""
+    from otel_training import runtime
+    from otel_training.instrumentor import TrainingInstrumentor
+
+    tp, mp = _providers()
+    inst = TrainingInstrumentor()
+    inst.instrument(tracer_provider=tp, meter_provider=mp)
+    _run_epoch(*work, limit=20)  # first steps find the root modules: set-up, not per-step cost
+    pipeline = runtime.current().pipeline
+    pipeline.flush(10.0)
+    instr = _run_epoch(*work, finish=lambda: pipeline.flush(10.0))
+    inst.uninstrument()
+    tp.shutdown()
+    mp.shutdown()
+    return instr, _run_epoch(*work)
+
+
 def measure(name: str, width: int, depth: int, batch: int, steps: int, rounds: int,
             passthrough: int = 0) -> dict:
     """Rounds of plain, instrumented, plain: each instrumented epoch is compared
     with the mean of the plain epochs around it, so the machine's drift cancels;
     the figure is the median over rounds."""
-    from otel_training import runtime
-    from otel_training.instrumentor import TrainingInstrumentor
-
     work = _workload(width, depth, batch, steps, passthrough)
     _run_epoch(*work)  # warm up allocator and kernels
     plain, instr, ratios, added = [], [], [], []
     before = _run_epoch(*work)
     for _ in range(rounds):
-        tp, mp = _providers()
-        inst = TrainingInstrumentor()
-        inst.instrument(tracer_provider=tp, meter_provider=mp)
-        _run_epoch(*work, limit=20)  # first steps find the root modules: set-up, not per-step cost
-        pipeline = runtime.current().pipeline
-        pipeline.flush(10.0)
-        i = _run_epoch(*work, finish=lambda: pipeline.flush(10.0))
-        inst.uninstrument()
-        tp.shutdown()
-        mp.shutdown()
-        after = _run_epoch(*work)
+        i, after = instrumented_round(work)
         p = (before + after) / 2
         plain.append(p)
         instr.append(i)

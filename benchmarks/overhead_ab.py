@@ -31,27 +31,16 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(1, sys.argv[2])
 import torch
-from overhead import _providers, _run_epoch, _workload
+from overhead import _run_epoch, _workload, instrumented_round
 import otel_training
-from otel_training import runtime
-from otel_training.instrumentor import TrainingInstrumentor
 torch.set_num_threads(1)
 work = _workload(256, 3, 64, 1200)
 _run_epoch(*work)
 print(json.dumps({"package": otel_training.__file__}), flush=True)
 for _ in sys.stdin:
     before = _run_epoch(*work)
-    tp, mp = _providers()
-    inst = TrainingInstrumentor()
-    inst.instrument(tracer_provider=tp, meter_provider=mp)
-    _run_epoch(*work, limit=20)
-    pipeline = runtime.current().pipeline
-    pipeline.flush(10.0)
-    instr = _run_epoch(*work, finish=lambda: pipeline.flush(10.0))
-    inst.uninstrument()
-    tp.shutdown()
-    mp.shutdown()
-    plain = (before + _run_epoch(*work)) / 2
+    instr, after = instrumented_round(work)
+    plain = (before + after) / 2
     print(json.dumps({"ratio": instr / plain, "added_us": (instr - plain) * 1e6}), flush=True)
 """
 
