@@ -132,10 +132,8 @@ class Tracker(PhaseStack):
 
     def _close(self, token: Any, now: int) -> None:
         step = self.step
-        if self._timer_mark is not None:
-            step.tokens.append(token)
+        self._push(step, token, now)
         marks = step.marks
-        marks.append(now)
         stack = self._stack
         if stack:  # phases left open (an exception, a break; the container after an update)
             end = len(marks) - 1
