@@ -1,14 +1,17 @@
 """Two checkouts' overhead side by side, in lock-step: a before/after figure for a
 change to the per-step path that a noisy machine cannot blur.
 
-One worker process per checkout (its package first on ``sys.path``), each warm for
-the whole run. The driver asks them for one ``overhead.py`` round at a time (a plain
-epoch, an instrumented one, a plain one, on the ~1 ms case), alternating which goes
-first, so the machine's drift over minutes falls on both alike. Printed: each
-checkout's median ratio and µs added per step, and the median of the paired
-per-round differences. Run a checkout against itself (A/A) to see the noise floor.
+One worker process per checkout (its package first on ``sys.path``). The driver asks
+them for one ``overhead.py`` round at a time (a plain epoch, an instrumented one, a
+plain one, on the ~1 ms case), alternating which goes first, so the machine's drift
+over minutes falls on both alike. Both workers are replaced by fresh ones every
+``--restart-every`` rounds: one process can run 10-20 µs a step slower than another
+for the whole of its life (where its memory and core landed), which an A/A run with
+two long-lived workers showed. Printed: each checkout's median ratio and µs added per
+step, and the median of the paired per-round differences. Run a checkout against
+itself (A/A) to see the noise floor.
 
-    .venv/bin/python benchmarks/overhead_ab.py BEFORE AFTER [--rounds 20]
+    .venv/bin/python benchmarks/overhead_ab.py BEFORE AFTER [--rounds 20] [--restart-every 4]
 
 e.g. ``git worktree add /tmp/before HEAD~1`` then
 ``.venv/bin/python benchmarks/overhead_ab.py /tmp/before .``
@@ -57,31 +60,40 @@ def _start(checkout: str) -> subprocess.Popen:
     )
 
 
+def _stop(workers: list[subprocess.Popen]) -> None:
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.close()
+        worker.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("before", help="a checkout (the directory holding otel_training/)")
     parser.add_argument("after", help="another checkout, or the same one for an A/A run")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--restart-every", type=int, default=4, help="rounds per pair of worker processes")
     args = parser.parse_args()
     names = (args.before, args.after)
-    workers = [_start(name) for name in names]
-    for name, worker in zip(names, workers):
-        line = worker.stdout.readline() if worker.stdout else ""
-        if not line:
-            sys.exit(f"the worker for {name} did not start")
-        print(f"{name}: {json.loads(line)['package']}")
     results: list[list[dict]] = [[], []]
+    workers: list[subprocess.Popen] = []
     for i in range(args.rounds):
+        if i % max(1, args.restart_every) == 0:
+            _stop(workers)
+            workers = [_start(name) for name in names]
+            for name, worker in zip(names, workers):
+                line = worker.stdout.readline() if worker.stdout else ""
+                if not line:
+                    sys.exit(f"the worker for {name} did not start")
+                if i == 0:
+                    print(f"{name}: {json.loads(line)['package']}")
         for k in (0, 1) if i % 2 == 0 else (1, 0):
             worker = workers[k]
             assert worker.stdin is not None and worker.stdout is not None
             worker.stdin.write("round\n")
             worker.stdin.flush()
             results[k].append(json.loads(worker.stdout.readline()))
-    for worker in workers:
-        assert worker.stdin is not None
-        worker.stdin.close()
-        worker.wait()
+    _stop(workers)
     med = statistics.median
     for name, rows in zip(names, results):
         ratios = [r["ratio"] for r in rows]
