@@ -112,7 +112,7 @@ class Config:
     enabled: bool = True
     trace_slow_factor: float = 2.0
     trace_every_n: int = 100
-    trace_max_per_second: float = 20.0
+    trace_max_per_second: float = 5.0
     gpu_timing: str = "auto"
     summary: bool = False
     summary_file: str | None = None

@@ -33,7 +33,10 @@ OTEL_TRAINING_TRACE_MAX_PER_SECOND = "OTEL_TRAINING_TRACE_MAX_PER_SECOND"
 .. envvar:: OTEL_TRAINING_TRACE_MAX_PER_SECOND
 
 Upper bound on traced steps per second (a token bucket), so that a burst of slow
-steps cannot overflow the SDK's span queue. A number > 0. Default ``20``.
+steps cannot overflow the SDK's span queue and tracing stays a small share of the
+pipeline's work at millisecond steps. One-in-N steps only use the bucket's upper
+half: the first step, slow steps and errors keep the rest. A number > 0.
+Default ``5``.
 """
 
 OTEL_TRAINING_GPU_TIMING = "OTEL_TRAINING_GPU_TIMING"

@@ -63,19 +63,44 @@ def test_slow_needs_a_warm_median_per_mode():
 
 
 def test_token_bucket_limits_and_refills():
-    cap = TailCapture(slow_factor=0, every_n=1, max_per_second=4)
+    cap = TailCapture(slow_factor=0, every_n=0, max_per_second=4)
     now = 0
     taken = []
-    for i in range(20):  # 20 steps in 20 ms: the bucket (4) empties
+    for i in range(20):  # 20 failing steps in 20 ms: the bucket (4) empties
         now += 1 * MS
-        taken.append(cap.decide("train", 1 * MS, now, False))
+        taken.append(cap.decide("train", 1 * MS, now, True))
     assert sum(r is not None for r in taken) == 4
     now += 500 * MS  # half a second at 4/s: two more
-    more = [cap.decide("train", 1 * MS, now + i, False) for i in range(5)]
+    more = [cap.decide("train", 1 * MS, now + i, True) for i in range(5)]
     assert sum(r is not None for r in more) == 2
     now += 10_000 * MS  # a long pause refills to the cap only
     more = [cap.decide("train", 1 * MS, now + i, True) for i in range(10)]
     assert sum(r is not None for r in more) == 4  # errors too are rate limited
+
+
+def test_one_in_n_leaves_half_the_bucket_to_slow_steps_and_errors():
+    cap = TailCapture(slow_factor=2.0, every_n=1, max_per_second=4)
+    now = 0
+    reasons = []
+    for i in range(40):  # every step is due a one-in-N trace: 40 in 40 ms
+        now += 1 * MS
+        reasons.append(cap.decide("train", 1 * MS, now, False))
+    assert reasons[0] == "first"
+    # one-in-N takes only the tokens above half the bucket (4): after the first, one
+    assert reasons.count("sampled") == 1
+    assert sum(r is None for r in reasons) == 38
+    # ... which a burst of slow steps and errors can still use, one-in-N could not
+    now += 1 * MS
+    assert cap.decide("train", 5 * MS, now, False) == "slow"
+    now += 1 * MS
+    assert cap.decide("train", 1 * MS, now, True) == "error"
+    now += 1 * MS
+    assert cap.decide("train", 5 * MS, now, True) is None  # the bucket is empty now
+    # one-in-N resumes once refills bring the bucket back to half
+    now += 600 * MS  # 2.4 tokens: not above half plus one
+    assert cap.decide("train", 1 * MS, now, False) is None
+    now += 200 * MS  # 3.2 tokens
+    assert cap.decide("train", 1 * MS, now, False) == "sampled"
 
 
 # -- on real loops -----------------------------------------------------------------------
@@ -127,8 +152,9 @@ def test_token_bucket_on_a_real_loop(instrumented):
     _run(20)
     elapsed = time.perf_counter() - t0
     traced = tel.steps()
-    # a full bucket of 3, plus what refilled at 3/s meanwhile -- far fewer than 20
-    assert 3 <= len(traced) <= 3 + int(elapsed * 3) + 1 < 20
+    # the first step, then one-in-N from the bucket's upper half, plus what refilled
+    # at 3/s meanwhile -- far fewer than 20
+    assert 1 <= len(traced) <= 3 + int(elapsed * 3) + 1 < 20
     (point,) = tel.points("training.step.duration")
     assert point.count == 20
 

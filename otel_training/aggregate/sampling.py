@@ -2,7 +2,11 @@
 
 Decided after the step, knowing its duration: the first step, every step slower
 than a factor of the running median (per mode), one step in N, and steps that
-raised; all under a token bucket so a burst cannot overflow the span queue.
+raised; all under a token bucket so a burst cannot overflow the span queue, and
+a traced step's cost (a few hundred microseconds of the pipeline's CPU) stays a
+small, bounded share at millisecond steps. One-in-N steps only take a token while
+the bucket is at least half full: the other half is kept for the steps worth a
+trace most (slow ones, errors), which one-in-N at short steps would otherwise use up.
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ class TailCapture:
         self.slow_factor = slow_factor
         self.every_n = every_n
         self.rate = max_per_second
-        self._tokens = max(1.0, max_per_second)
+        self._capacity = max(1.0, max_per_second)
+        # One-in-N steps take only tokens above half the bucket (all of a bucket of one).
+        self._reserve = max(1.0, min(self._capacity, 1.0 + self._capacity / 2))
+        self._tokens = self._capacity
         self._last_refill: int | None = None
         self._medians: dict[str, _RunningMedian] = {}
         self._seen = 0
@@ -65,17 +72,18 @@ class TailCapture:
         elif self.slow_factor and median is not None and duration_ns > self.slow_factor * median:
             reason = "slow"
         elif self.every_n and seen % self.every_n == 0:
-            reason = "sampled"
+            return "sampled" if self._take(end_ns, self._reserve) else None
         else:
             return None
-        return reason if self._take(end_ns) else None
+        return reason if self._take(end_ns, 1.0) else None
 
-    def _take(self, now_ns: int) -> bool:
+    def _take(self, now_ns: int, least: float) -> bool:
+        """Take a token if at least ``least`` are in the bucket."""
         if self._last_refill is not None:
             elapsed = (now_ns - self._last_refill) / 1e9
-            self._tokens = min(max(1.0, self.rate), self._tokens + elapsed * self.rate)
+            self._tokens = min(self._capacity, self._tokens + elapsed * self.rate)
         self._last_refill = now_ns
-        if self._tokens >= 1.0:
+        if self._tokens >= least:
             self._tokens -= 1.0
             return True
         return False
