@@ -152,7 +152,7 @@ def test_opentelemetry_instrument_exports_spans_and_metrics(venv, tmp_path):
     shutil.copy(ROOT / "examples" / "train_basic.py", script)
     with OTLPReceiver() as receiver:
         env = _clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="from-the-wheel",
-                         OTEL_TRAINING_TRACE_EVERY_N="1")
+                         OTEL_TRAINING_TRACE_EVERY_N="1", OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000")
         proc = _run([venv / "opentelemetry-instrument", venv / "python", script, "--steps", STEPS], cwd=tmp_path,
                     env=env, timeout=300)
         assert "done" in proc.stdout

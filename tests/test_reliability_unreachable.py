@@ -27,7 +27,7 @@ def dead_endpoint():
 
 def _env(endpoint, tmp_path, **extra):
     return otel_env(endpoint, tmp_path, OTEL_TRAINING_SUMMARY="true", OTEL_TRAINING_TRACE_EVERY_N="1",
-                    **extra)
+                    OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000", **extra)
 
 
 def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, tmp_path):

@@ -177,7 +177,8 @@ def test_bounded_the_first_step_kept(instrumented, tmp_path, monkeypatch):
 def test_written_on_sigterm(tmp_path):
     path = tmp_path / "trace.json"
     env = otel_env(None, tmp_path, OTEL_TRAINING_HARDWARE="false", OTEL_TRACES_EXPORTER="none",
-                   OTEL_METRICS_EXPORTER="none", OTEL_TRAINING_TRACE_EVERY_N="5", OTEL_TRAINING_TRACE_FILE=str(path))
+                   OTEL_METRICS_EXPORTER="none", OTEL_TRAINING_TRACE_EVERY_N="5", OTEL_TRAINING_TRACE_MAX_PER_SECOND="1000",
+                   OTEL_TRAINING_TRACE_FILE=str(path))
     r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "30"), env)
     r.wait_for_line("READY")
     r.proc.send_signal(signal.SIGTERM)
