@@ -175,7 +175,8 @@ class Resolver:
             return None
         timer = self._timer
         device = timer.resolve(host, step.tokens) if timer.observes_device else None
-        times = tuple(synchronized_marks(host, device)) if device is not None else tuple(host)
+        host_marks = tuple(host)
+        times = tuple(synchronized_marks(host, device)) if device is not None else host_marks
         flops = None
         if step.saw_backward or step.saw_optimizer:
             mode = sc.MODE_TRAIN
@@ -206,7 +207,7 @@ class Resolver:
             phase_ns,
             step_ns - covered,
             times,
-            tuple(host),
+            host_marks,  # (the same tuple as ``times`` on host clocks)
             tuple(device) if device is not None else None,
             idle_ns,
             idle_by_phase,
