@@ -4,9 +4,9 @@ Decided after the step, knowing its duration: the first step, every step slower
 than a factor of the running median (per mode), one step in N, and steps that
 raised; all under a token bucket so a burst cannot overflow the span queue, and
 a traced step's cost (a few hundred microseconds of the pipeline's CPU) stays a
-small, bounded share at millisecond steps. One-in-N steps only take a token while
-the bucket is at least half full: the other half is kept for the steps worth a
-trace most (slow ones, errors), which one-in-N at short steps would otherwise use up.
+small, bounded share at millisecond steps. One-in-N steps only take a token that
+leaves the bucket at least half full: that half is kept for the steps worth a trace
+most (slow ones, errors), which one-in-N at short steps would otherwise use up.
 """
 
 from __future__ import annotations
