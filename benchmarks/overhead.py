@@ -49,7 +49,7 @@ def _workload(width: int, depth: int, batch: int, steps: int, passthrough: int =
     layers += [nn.Identity() for _ in range(passthrough)]
     model = nn.Sequential(*layers, nn.Linear(width, 4))
     data = TensorDataset(torch.randn(batch * steps, width), torch.randint(0, 4, (batch * steps,)))
-    # A batch sampler hands out whole batches: the loader costs one index op a step.
+    # A default DataLoader: each step fetches its samples one by one and collates them.
     loader = DataLoader(data, batch_size=batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()

@@ -12,7 +12,11 @@ median µs added at each site, for three set-ups:
 - ``full``: the default configuration (the pipeline's work and its GIL hand-overs
   land wherever the training thread was waiting for the GIL).
 
-    .venv/bin/python benchmarks/overhead_sites.py [--rounds 7]
+With ``--clock cpu`` each site is timed in the training thread's CPU time rather than
+wall time: the pipeline's share (time spent waiting for the GIL) drops out, and so does
+most of this VM's drift, which makes the training thread's own cost steadier to compare.
+
+    .venv/bin/python benchmarks/overhead_sites.py [--rounds 7] [--clock cpu]
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ SITES = ("next", "model", "loss", "zero_grad", "backward", "opt.step")
 SETUPS = ("bail", "hooks", "full")
 
 
-def _epoch(model, loader, opt, loss_fn) -> list:
+CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+
+
+def _epoch(model, loader, opt, loss_fn, clock=time.perf_counter_ns) -> list:
     """Mean µs per step spent in each site."""
-    clock = time.perf_counter_ns
     acc = [0] * len(SITES)
     n = 0
     it = iter(loader)
@@ -61,7 +67,10 @@ def _epoch(model, loader, opt, loss_fn) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time (default) or the training thread's CPU time")
     args = parser.parse_args()
+    clock = CLOCKS[args.clock]
     from otel_training.aggregate import pipeline as pipeline_mod
     from otel_training import runtime
     from otel_training.instrumentor import TrainingInstrumentor
@@ -72,7 +81,7 @@ def main() -> None:
     submit = pipeline_mod.Pipeline.submit
     results = {k: [] for k in ("plain",) + SETUPS}
     for _ in range(args.rounds):
-        results["plain"].append(_epoch(*work))
+        results["plain"].append(_epoch(*work, clock=clock))
         for setup in SETUPS:
             pipeline_mod.Pipeline.submit = submit if setup == "full" else (lambda self, step: None)
             tp, mp = _providers()
@@ -82,13 +91,13 @@ def main() -> None:
                 _run_epoch(*work, limit=20)  # root discovery: set-up, not per-step cost
                 if setup == "bail":
                     runtime.current().tracker.thread = -1  # no thread is the training thread
-                results[setup].append(_epoch(*work))
+                results[setup].append(_epoch(*work, clock=clock))
             finally:
                 inst.uninstrument()
                 pipeline_mod.Pipeline.submit = submit
                 tp.shutdown()
                 mp.shutdown()
-        results["plain"].append(_epoch(*work))
+        results["plain"].append(_epoch(*work, clock=clock))
     med = {k: [statistics.median(col) for col in zip(*v)] for k, v in results.items()}
     print(f"{'site':<11}{'plain us':>10}" + "".join(f"{'+' + s:>10}" for s in SETUPS))
     for i, site in enumerate(SITES):
