@@ -25,6 +25,7 @@ from otel_training.config import Config
 from otel_training.export.guard import ExportGuard
 from otel_training.export.identity import process_info, run_id
 from otel_training.export.metrics import StepMetrics
+from otel_training.export.sdk import export_interval_s
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
 from otel_training.handles import Handles
@@ -113,6 +114,7 @@ class Runtime:
             trace_file=self.trace_file,
             timeseries=bool(config.summary or config.summary_file),
             consumers=self.perf.consumers,
+            export_interval_s=export_interval_s(meter_provider),
         )
         self._started_ns = time.perf_counter_ns()
         assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)

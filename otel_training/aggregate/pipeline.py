@@ -25,11 +25,15 @@ from otel_training.aggregate.timeseries import TimeSeries
 from otel_training.record.timeline import StepTimeline
 
 _MAX_PENDING = 4096
-# Steps are processed in batches, every _POLL_S: a batch runs with warm caches and
-# the two threads contend for the GIL (and for shared cache lines) rarely. At 1 ms
-# steps this halved the pipeline's cost against a 20 ms poll. A queue reaching
-# _WAKE_AT (very short steps) wakes the thread early, far from _MAX_PENDING.
-_POLL_S = 0.1
+# Steps are processed in batches, every _POLL_S: a batch runs with warmer caches and
+# each consumer's per-batch work is paid once per drain. Every microsecond of our
+# CPU here costs the training thread about as much in GIL waits, so bigger batches
+# pay (docs/performance.md). Where metrics are exported more often than twice
+# _POLL_S, the thread drains twice per export, so each export carries its steps.
+# A queue reaching _WAKE_AT (very short steps) wakes the thread early, far from
+# _MAX_PENDING.
+_POLL_S = 0.5
+_MIN_POLL_S = 0.01
 _WAKE_AT = 1024
 _SLICE_NS = 200_000  # the longest we resolve steps before handing the GIL back
 _MAX_BATCH = 1024  # records delivered at once at most (a backlog is delivered in parts)
@@ -51,6 +55,7 @@ class Pipeline:
         trace_file: Any = None,
         timeseries: bool = True,
         consumers: Sequence[Any] = (),
+        export_interval_s: float | None = None,
     ) -> None:
         self.summary = summary
         self.consumers = tuple(consumers)  # more record consumers (memory trend, throughput), after the summary
@@ -70,6 +75,7 @@ class Pipeline:
         self._stop = False
         self._busy = False
         self._thread: threading.Thread | None = None
+        self.poll_s = drain_interval(export_interval_s)
 
     # -- training thread ------------------------------------------------------------
     def submit(self, step: StepTimeline) -> None:
@@ -117,7 +123,7 @@ class Pipeline:
 
     def _run(self) -> None:
         while not self._stop:
-            self._wake.wait(_POLL_S)
+            self._wake.wait(self.poll_s)
             self._wake.clear()
             self._drain(None)
 
@@ -194,3 +200,11 @@ class Pipeline:
             self._metrics.add(batch, contexts)
         except Exception as exc:
             telemetry.internal_error("pipeline", exc)
+
+
+def drain_interval(export_interval_s: float | None) -> float:
+    """Seconds between drains: ``_POLL_S``, or half the shortest periodic metric
+    export interval where that is shorter (None: no periodic export)."""
+    if export_interval_s is None or not export_interval_s > 0:
+        return _POLL_S
+    return max(_MIN_POLL_S, min(_POLL_S, export_interval_s / 2))

@@ -18,7 +18,7 @@ What we rely on (tested on the lowest SDK ``pyproject.toml`` allows and the newe
   ``exemplar_filter``) or ``MeterProvider._metric_readers``;
 * ``MetricReader._collect``, ``_instrument_class_temporality``,
   ``_instrument_class_aggregation``; ``PeriodicExportingMetricReader._exporter``,
-  ``_shutdown_event``, ``_daemon_thread``;
+  ``_shutdown_event``, ``_daemon_thread``, ``_export_interval_millis``;
 * ``ExplicitBucketHistogramAggregation._boundaries`` and ``_record_min_max``;
 * ``Tracer.id_generator`` (our tracer's ids come from a private generator);
 * ``opentelemetry.sdk._configuration._OTelSDKConfigurator``: the set-up
@@ -28,6 +28,7 @@ What we rely on (tested on the lowest SDK ``pyproject.toml`` allows and the newe
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -142,6 +143,17 @@ def metric_readers(meter_provider: Any) -> list:
     if readers is None:
         readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", ())
     return list(readers or ())
+
+
+def export_interval_s(meter_provider: Any) -> float | None:
+    """The shortest export interval of the provider's periodic metric readers, in
+    seconds (None: no periodic reader)."""
+    intervals = []
+    for reader in metric_readers(meter_provider):
+        ms = getattr(reader, "_export_interval_millis", None)
+        if isinstance(ms, (int, float)) and 0 < ms < math.inf:
+            intervals.append(ms / 1000)
+    return min(intervals) if intervals else None
 
 
 def meter_config(meter_provider: Any) -> Any:
