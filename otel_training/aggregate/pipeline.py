@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_training.aggregate.coverage import Coverage
-from otel_training.aggregate.record import Resolver, StepRecord
+from otel_training.aggregate.record import Resolver, SentShapes, StepRecord
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary
 from otel_training.aggregate.timeseries import TimeSeries
@@ -76,6 +76,7 @@ class Pipeline:
         self._busy = False
         self._thread: threading.Thread | None = None
         self.poll_s = drain_interval(export_interval_s)
+        self._shed = SentShapes().shed  # (training thread)
 
     # -- training thread ------------------------------------------------------------
     def submit(self, step: StepTimeline) -> None:
@@ -85,6 +86,10 @@ class Pipeline:
             self._telemetry.drop_steps(1)
             self._timer.release(step.tokens)
             return
+        try:
+            self._shed(step)
+        except Exception as exc:  # our bug: the step goes as it is
+            self._telemetry.internal_error("pipeline", exc)
         queue.append(step)
         if pending == _WAKE_AT:
             self._wake.set()

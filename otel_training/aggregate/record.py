@@ -148,37 +148,83 @@ def bounds(records: Sequence[StepRecord]) -> tuple[list[int], list[int]]:
     return list(map(_FIRST, times)), list(map(_LAST, times))
 
 
+class SentShapes:
+    """Numbers for the step shapes handed to the pipeline (training thread, at ``submit``).
+
+    A step's shape is its phases' names, parents and marks. Each new shape gets a
+    number, and its first step keeps its phase records so the resolver can make the
+    layout; a later step of the same shape carries only the number and gives its
+    records up before it is queued. Why: a queued step's objects live until the
+    pipeline drains (500 ms), long enough for the collector to promote them, and six
+    phase records a step, promoted, brought a full collection of the whole process
+    every ~20 000 steps (docs/performance.md). Freed here, at once, they never are.
+    The same steps reach the resolver in the same order, so a numbered shape's layout
+    is made before any step that carries only its number.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: dict[bool, dict[tuple, int]] = {True: {}, False: {}}
+
+    def shed(self, step: StepTimeline) -> None:
+        phases = step.phases
+        if len(step.marks) < 2:
+            return  # the resolver skips such a step: it makes no layout
+        ids = self._ids[step.saw_backward or step.saw_optimizer]
+        shape = tuple(map(_SHAPE, phases))
+        number = ids.get(shape)
+        if number is not None:
+            step.shape_id = number
+            phases.clear()
+        elif len(ids) < _MAX_LAYOUTS:
+            step.shape_id = ids[shape] = len(ids)
+
+
 class Resolver:
     """Timelines in, records out (pipeline thread)."""
 
     def __init__(self, timer: Any, capture: TailCapture) -> None:
         self._timer = timer
         self._capture = capture
-        self._layouts: dict[str, dict[tuple, Layout]] = {}
+        self._layouts: dict[str, dict[Any, Layout | None]] = {}
         self.flops: Any = None  # the FlopCount, from the step that carried it on
 
-    def layout(self, mode: str, phases: Sequence[PhaseRecord]) -> Layout:
+    def layout(self, mode: str, phases: Sequence[PhaseRecord], shape_id: int | None = None) -> Layout:
+        """The layout of a step of these phases; ``shape_id``: its shape's number from
+        ``SentShapes`` (a step of a number seen before comes without phases)."""
         layouts = self._layouts.get(mode)
         if layouts is None:
             layouts = self._layouts[mode] = {}
-        key = tuple(map(_SHAPE, phases))
+        key: Any = shape_id if shape_id is not None else tuple(map(_SHAPE, phases))
         layout = layouts.get(key)
-        if layout is None:
-            layout = Layout(mode, phases)
-            if len(layouts) < _MAX_LAYOUTS:
-                layouts[key] = layout
+        if layout is not None:
+            return layout
+        if key in layouts:
+            raise LookupError("the layout of this step's shape could not be made")
+        # Numbered shapes are always kept (SentShapes numbers _MAX_LAYOUTS at most):
+        # their later steps come without phases.
+        cache = shape_id is not None or len(layouts) < _MAX_LAYOUTS
+        if cache:
+            layouts[key] = None  # if making it fails (our bug), the shape's later steps fail too
+        layout = Layout(mode, phases)
+        if cache:
+            layouts[key] = layout
         return layout
 
     def resolve(self, step: StepTimeline) -> StepRecord | None:
         host = step.marks
         if len(host) < 2:
             return None
+        train = step.saw_backward or step.saw_optimizer
+        # First: a step that brought a new shape must leave its layout whatever fails after.
+        layout = self.layout(sc.MODE_TRAIN if train else sc.MODE_EVAL, step.phases, step.shape_id)
         timer = self._timer
         device = timer.resolve(host, step.tokens) if timer.observes_device else None
         host_marks = tuple(host)
         times = tuple(synchronized_marks(host, device)) if device is not None else host_marks
         flops = None
-        if step.saw_backward or step.saw_optimizer:
+        if train:
             mode = sc.MODE_TRAIN
             micro = step.microbatches or (step.backwards + step.closure_backward) or 1
             if step.flops is not None:
@@ -190,7 +236,6 @@ class Resolver:
         if step.token_masks:
             masked = mask_tokens(step.token_masks)
             tokens = None if masked is None else (tokens or 0) + masked
-        layout = self.layout(mode, step.phases)
         phase_ns, covered = layout.durations(times)
         step_ns = times[-1] - times[0]
         idle_ns = idle_by_phase = None

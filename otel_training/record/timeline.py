@@ -58,6 +58,7 @@ class StepTimeline:
         "token_masks",
         "flops",
         "memory",
+        "shape_id",
     )
 
     def __init__(self, index: int, epoch: int | None, source: Any = None):
@@ -84,6 +85,9 @@ class StepTimeline:
         self.token_masks: list | None = None  # attention masks (or their device sums), summed later
         self.flops: Any = None  # a FlopCount, on the step that ends the count (record/flops.py)
         self.memory: Any = None  # a MemoryReading taken at the step's end (record/memory.py)
+        # The number the pipeline's ``submit`` gave its shape (its phases' names, parents
+        # and marks); a step of a shape seen before travels without its phase records.
+        self.shape_id: int | None = None
 
     @property
     def mode(self) -> str:
