@@ -217,21 +217,20 @@ class Resolver:
         if len(host) < 2:
             return None
         train = step.saw_backward or step.saw_optimizer
+        mode = sc.MODE_TRAIN if train else sc.MODE_EVAL
         # First: a step that brought a new shape must leave its layout whatever fails after.
-        layout = self.layout(sc.MODE_TRAIN if train else sc.MODE_EVAL, step.phases, step.shape_id)
+        layout = self.layout(mode, step.phases, step.shape_id)
         timer = self._timer
         device = timer.resolve(host, step.tokens) if timer.observes_device else None
         host_marks = tuple(host)
         times = tuple(synchronized_marks(host, device)) if device is not None else host_marks
         flops = None
+        micro = 0
         if train:
-            mode = sc.MODE_TRAIN
             micro = step.microbatches or (step.backwards + step.closure_backward) or 1
             if step.flops is not None:
                 self.flops = step.flops
             flops = self.flops
-        else:
-            mode, micro = sc.MODE_EVAL, 0
         tokens = step.token_count
         if step.token_masks:
             masked = mask_tokens(step.token_masks)
