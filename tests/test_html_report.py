@@ -64,7 +64,9 @@ def summaries(tmp_path_factory):
     (d / "train.py").write_text(TRAIN)
     jobs = {"slow": dict(SLOW_S="0.003"), "fast": dict(SLOW_S="0"),
             "rank0": dict(SLOW_S="0.001", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", OTEL_TRAINING_RUN_ID="ranks"),
-            "rank1": dict(SLOW_S="0.004", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", OTEL_TRAINING_RUN_ID="ranks")}
+            # (8x rank 0's wait: four concurrent runs on two busy cores can make a step take
+            # tens of ms of CPU, which a smaller gap drowned in)
+            "rank1": dict(SLOW_S="0.008", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", OTEL_TRAINING_RUN_ID="ranks")}
     procs = {name: subprocess.Popen([sys.executable, str(d / "train.py")], cwd=ROOT, stderr=subprocess.PIPE, text=True,
                                     env=_env(OTEL_TRAINING_SUMMARY_FILE=str(d / f"{name}.json"), **extra))
              for name, extra in jobs.items()}
