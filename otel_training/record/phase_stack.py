@@ -27,7 +27,12 @@ class PhaseStack:
         self._timer = timer
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
-        self._timer_mark = timer.mark if type(timer).mark is not DeviceTimer.mark else None
+        # One that is inert for now (``auto`` before the program initializes CUDA, as
+        # in a CPU loop on a GPU machine) is asked at step ends instead of at every
+        # boundary: ``waiting_timer``.
+        host_only = type(timer).mark is DeviceTimer.mark
+        self.waiting_timer: Any = None if host_only or timer.observes_device else timer
+        self._timer_mark = None if host_only or self.waiting_timer is not None else timer.mark
         if self._timer_mark is None:
             self._mark = self._mark_host  # type: ignore[method-assign]
         self._clock = clock
@@ -44,6 +49,20 @@ class PhaseStack:
         step = self.step
         if step is not None and step.error is None and not isinstance(exc, (StopIteration, GeneratorExit)):
             step.error = exc
+
+    def start_device_timing(self) -> None:
+        """Called at step ends while ``waiting_timer`` is set: once the timer starts
+        (CUDA initialized by the program), the next step's boundaries carry tokens.
+        The step being recorded keeps host marks alone, so its tokens stay aligned."""
+        timer = self.waiting_timer
+        try:
+            started = timer.activate()
+        except Exception:  # our bug: stay on host clocks rather than break the loop
+            started, self.waiting_timer = False, None
+        if started:
+            self.waiting_timer = None
+            self._timer_mark = timer.mark
+            self.__dict__.pop("_mark", None)  # back to the class's token-keeping _mark
 
     def _mark_host(self) -> int:
         """``_mark`` for a timer that keeps no tokens."""

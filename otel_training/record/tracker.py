@@ -151,6 +151,8 @@ class Tracker(PhaseStack):
         if memory is not None and now >= memory.due:  # at most every few ms: see record/memory.py
             step.memory = memory.read(now)
         self._sink(step)
+        if self.waiting_timer is not None:
+            self.start_device_timing()
         after = self.after_step
         if after is not None:
             after()

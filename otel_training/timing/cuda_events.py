@@ -148,6 +148,9 @@ class CudaEventTimer(DeviceTimer):
         self._active = True
         return True
 
+    def activate(self) -> bool:
+        return self._active or (not self._disabled and not self._closed and self._activate())
+
     def mark(self) -> Any:
         if not self._active:
             if self._disabled or self._closed or not self._activate():

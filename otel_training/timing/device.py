@@ -53,6 +53,13 @@ class DeviceTimer:
         """Called on the training thread at a boundary, just before its host timestamp."""
         return None
 
+    def activate(self) -> bool:
+        """Whether ``mark`` can give tokens now. A timer inert until the program
+        initializes CUDA tries to start here (training thread); the tracker asks at
+        step ends while ``observes_device`` is False, and marks host clocks alone
+        meanwhile."""
+        return True
+
     def resolve(self, marks: Sequence[int], tokens: Sequence[Any]) -> list[int | None] | None:
         """Device completion time of each mark (host perf_counter ns), or None.
 
