@@ -166,6 +166,8 @@ def run_instrumented(loop, mode: str, steps: int, warmup: int) -> dict:
 
     try:
         runtime = rt.current()
+        if runtime is None:  # the instrumentor refused (its log line says why, e.g. the torch floor)
+            raise SystemExit("gpu_timing: otel-training did not instrument this process; nothing to measure")
         walls = _train(loop, steps, warmup, after_warmup=after_warmup)
         runtime.pipeline.flush(60)
         after = _metric_sums(reader)

@@ -9,8 +9,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_training.config import Config
-from tests.conftest import reader_points
 from otel_training.hardware import start_hardware_metrics
+from tests.conftest import reader_points
 
 pytestmark = pytest.mark.gpu
 
@@ -79,3 +79,61 @@ def test_this_process_gpu_memory(nvml, tmp_path):
         provider.shutdown()
     assert any(a["process.pid"] == os.getpid() and v >= 256 * 2**20 for a, v in mine)
     del x
+
+
+def test_utilization_agrees_with_nvidia_smi_and_names_this_process(nvml, tmp_path):
+    """Half-busy GPU for ~6 s: our window mean of ``hw.gpu.utilization`` against
+    nvidia-smi's readings over the same window (within 5 points), and the SM share
+    attributed to this process's PID."""
+    import shutil
+    import subprocess
+    import threading
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        pytest.skip("needs CUDA and nvidia-smi")
+    index = torch.cuda.current_device()
+    a = torch.randn(4096, 4096, device="cuda")
+    stop = threading.Event()
+
+    def half_busy() -> None:  # ~50 ms of kernels, ~50 ms idle, over and over
+        while not stop.is_set():
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.05:
+                a @ a
+                torch.cuda.synchronize()
+            time.sleep(0.05)
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    hw = start_hardware_metrics(provider, Config(), host_name="gpu-host",
+                                lock_path=str(tmp_path / "l"), start=False)
+    load = threading.Thread(target=half_busy, daemon=True)
+    try:
+        load.start()
+        time.sleep(1.0)  # the driver's utilization window fills with the duty cycle
+        hw.collect_once()
+        points(reader)  # a fresh interval starts here
+        smi = subprocess.Popen(
+            ["nvidia-smi", "-i", str(index), "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+             "-lms", "200"], stdout=subprocess.PIPE, text=True)
+        for _ in range(12):
+            time.sleep(0.5)
+            hw.collect_once()
+        smi.terminate()
+        smi_out = smi.communicate(timeout=10)[0]
+        got = points(reader)
+    finally:
+        stop.set()
+        load.join(10)
+        hw.shutdown()
+        provider.shutdown()
+    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+    ours = [v for attrs, v in got["hw.gpu.utilization"] if attrs["hw.id"] == uuid]
+    readings = [float(line) for line in smi_out.split() if line.strip().isdigit()]
+    assert len(ours) == 1 and len(readings) >= 10, (ours, readings)
+    smi_mean = sum(readings) / len(readings)
+    assert 20 < smi_mean < 80, readings  # the load really was half busy
+    assert abs(ours[0] * 100 - smi_mean) <= 5, (ours[0] * 100, smi_mean, readings)
+    mine = [(a, v) for a, v in got.get("process.gpu.utilization", []) if a["process.pid"] == os.getpid()]
+    assert mine and all(0 < v <= 1 for _, v in mine), got.get("process.gpu.utilization")
