@@ -394,10 +394,11 @@ def test_benchmark_harness_smoke_on_cpu(via):
     assert "gpu-bound   events" in out.stdout and "forward" in out.stdout
 
 
-def test_a_timer_waiting_for_cuda_is_asked_at_step_ends_not_at_every_boundary():
+def test_a_timer_waiting_for_cuda_is_asked_once_a_step_not_at_every_boundary():
     """A CPU loop on a GPU machine (``auto``, CUDA never initialized): host marks alone,
-    one readiness check a step. Once the program initializes CUDA, steps from the next
-    one on carry device tokens aligned with their marks, and resolve to device times."""
+    one readiness check a step. Once the program initializes CUDA (here mid-step), the
+    steps from the next one on carry device tokens aligned with their marks, and
+    resolve to device times."""
     from otel_training.record.tracker import Tracker
 
     dev = SimDevice()
@@ -410,26 +411,27 @@ def test_a_timer_waiting_for_cuda_is_asked_at_step_ends_not_at_every_boundary():
     steps: list = []
     tracker = Tracker(steps.append, timer, clock=dev.clock)
 
-    def step() -> None:
+    def step(init_after: str = "") -> None:
         tracker.start_step()
         for name in ("load", "compute", "log"):
             dev.clock.advance(100 * US)
             tracker.begin_phase(name)
             dev.launch(50 * US)
             tracker.end_phase(name)
+            if name == init_after:
+                dev.initialized = True  # the program's first CUDA call
         tracker.finish_step()
 
     for _ in range(4):
         step()
     assert len(steps) == 4 and len(asked) == 4  # one check a step, 8 boundaries each
     assert all(not s.tokens for s in steps) and not timer.observes_device
-    dev.initialized = True
+    step(init_after="load")
+    assert not steps[4].tokens  # the step CUDA started in stays on host marks
     for _ in range(3):
         step()
-    assert timer.observes_device
-    assert not steps[4].tokens  # the step CUDA started in stays on host marks
+    assert timer.observes_device and len(asked) == 6  # no more checks once started
     for s in steps[5:]:
         assert len(s.tokens) == len(s.marks) and sum(t is not None for t in s.tokens) >= len(s.marks) - 1
         device = timer.resolve(s.marks, s.tokens)
         assert device is not None and sum(d is not None for d in device) >= len(s.marks) - 1
-    assert len(asked) == 5  # no more checks once started

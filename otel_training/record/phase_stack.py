@@ -28,8 +28,8 @@ class PhaseStack:
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
         # One that is inert for now (``auto`` before the program initializes CUDA, as
-        # in a CPU loop on a GPU machine) is asked at step ends instead of at every
-        # boundary: ``waiting_timer``.
+        # in a CPU loop on a GPU machine) is asked when a step begins instead of at
+        # every boundary: ``waiting_timer``.
         host_only = type(timer).mark is DeviceTimer.mark
         self.waiting_timer: Any = None if host_only or timer.observes_device else timer
         self._timer_mark = None if host_only or self.waiting_timer is not None else timer.mark
@@ -51,9 +51,10 @@ class PhaseStack:
             step.error = exc
 
     def start_device_timing(self) -> None:
-        """Called at step ends while ``waiting_timer`` is set: once the timer starts
-        (CUDA initialized by the program), the next step's boundaries carry tokens.
-        The step being recorded keeps host marks alone, so its tokens stay aligned."""
+        """Called when a step begins, before its first mark, while ``waiting_timer`` is
+        set: once the timer starts (CUDA initialized by the program), the step's
+        boundaries carry tokens (the first one, stamped before, none). A step already
+        under way keeps host marks alone, so tokens stay aligned with marks."""
         timer = self.waiting_timer
         try:
             started = timer.activate()

@@ -76,6 +76,8 @@ class Tracker(PhaseStack):
     def _new_step(self, source: Any = None, epoch: int | None = None) -> StepTimeline:
         step = StepTimeline(-1, epoch, source)
         self.step = step
+        if self.waiting_timer is not None:
+            self.start_device_timing()
         if self._stack:  # (a step that closed left them empty: no new lists each step)
             self._stack = []
         self._batch = None
@@ -151,8 +153,6 @@ class Tracker(PhaseStack):
         if memory is not None and now >= memory.due:  # at most every few ms: see record/memory.py
             step.memory = memory.read(now)
         self._sink(step)
-        if self.waiting_timer is not None:
-            self.start_device_timing()
         after = self.after_step
         if after is not None:
             after()
