@@ -435,3 +435,40 @@ def test_a_timer_waiting_for_cuda_is_asked_once_a_step_not_at_every_boundary():
         assert len(s.tokens) == len(s.marks) and sum(t is not None for t in s.tokens) >= len(s.marks) - 1
         device = timer.resolve(s.marks, s.tokens)
         assert device is not None and sum(d is not None for d in device) >= len(s.marks) - 1
+
+
+def test_device_timing_that_starts_between_a_steps_pieces_keeps_the_step_whole(instrumented, monkeypatch):
+    """Gradient accumulation (two micro-batches a step, a DataLoader) where the program
+    initializes CUDA after the first micro-batch of the third step: that step merges a
+    piece recorded on host clocks alone with one carrying device tokens, and still
+    resolves -- every step counted, no internal error, no step without its phases."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import otel_training.timing as timing
+
+    dev = SimDevice()
+    dev.initialized = False
+    monkeypatch.setattr(timing, "make_timer", lambda mode, **o: CudaEventTimer(capacity=256, backend=SimBackend(dev)))
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    for i, (x, y) in enumerate(DataLoader(data, batch_size=4)):
+        loss = torch.nn.functional.cross_entropy(model(x), y) / 2
+        loss.backward()
+        if i == 4:
+            dev.initialized = True  # the program's first CUDA call, mid-step
+        if i % 2 == 1:
+            opt.step()
+            opt.zero_grad()
+    tel.uninstrument()
+    summary = tel.runtime.summary_dict()
+    assert summary["telemetry"]["errors"] == 0
+    assert summary["modes"]["train"]["steps"] == 8
+    steps = [s for s in tel.steps() if s.mode == "train"]
+    assert len(steps) == 8
+    for s in steps:
+        names = sorted(c.name for c in s.children())
+        assert "dataloader_next" in names and "train_batch" in names, names

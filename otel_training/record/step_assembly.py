@@ -212,9 +212,13 @@ def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
     # Consecutive pieces share the instant (and device token) one ended and the next began.
     skip = 1 if (pm and marks and pm[0] == marks[-1] and (not tokens or not pt or pt[0] is tokens[-1])) else 0
     offset = len(marks) - skip
-    marks.extend(pm[skip:] if skip else pm)
     if tokens or pt:
-        tokens.extend(pt[skip:] if skip else pt)
+        # A piece recorded before device timing started has marks but no tokens (the
+        # timer starts when a piece begins): None tokens keep the merged lists aligned.
+        if len(tokens) < len(marks):
+            tokens.extend([None] * (len(marks) - len(tokens)))
+        tokens.extend((pt[skip:] if skip else pt) if pt else [None] * (len(pm) - skip))
+    marks.extend(pm[skip:] if skip else pm)
     if offset:
         for rec in piece.phases:
             rec.start += offset
