@@ -55,9 +55,9 @@ class DeviceTimer:
 
     def activate(self) -> bool:
         """Whether ``mark`` can give tokens now. A timer inert until the program
-        initializes CUDA tries to start here (training thread); the tracker asks at
-        step ends while ``observes_device`` is False, and marks host clocks alone
-        meanwhile."""
+        initializes CUDA tries to start here (training thread); the tracker asks when
+        each step (or piece) begins while ``observes_device`` is False, and marks host
+        clocks alone meanwhile."""
         return True
 
     def resolve(self, marks: Sequence[int], tokens: Sequence[Any]) -> list[int | None] | None:
