@@ -169,14 +169,24 @@ class SentShapes:
 
     def shed(self, step: StepTimeline) -> None:
         phases = step.phases
-        if len(step.marks) < 2:
+        marks = step.marks
+        if len(marks) < 2:
             return  # the resolver skips such a step: it makes no layout
+        # A queued step is only read from now on. Its marks become a tuple of ints,
+        # which the collector untracks at its first pass instead of promoting it;
+        # empty lists give way to the empty tuple, and the optimizers' ids (the
+        # assembler's, done with) go: one tracked object a queued step, the step
+        # itself, where there were five (docs/performance.md).
+        step.marks = tuple(marks)  # type: ignore[assignment]
+        if not step.tokens:
+            step.tokens = ()  # type: ignore[assignment]
+        step.optimizers = None
         ids = self._ids[step.saw_backward or step.saw_optimizer]
         shape = tuple(map(_SHAPE, phases))
         number = ids.get(shape)
         if number is not None:
             step.shape_id = number
-            phases.clear()
+            step.phases = ()  # type: ignore[assignment]
         elif len(ids) < _MAX_LAYOUTS:
             step.shape_id = ids[shape] = len(ids)
 
