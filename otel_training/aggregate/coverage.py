@@ -54,19 +54,17 @@ class Coverage:
     def add(self, records: Sequence) -> None:
         """A batch of finished ``StepRecord``s, in time order (pipeline thread)."""
         with self._lock:
-            for r in records:
+            last_end = self.last_end
+            for r in records:  # (one step, inlined: this loop runs for every step)
                 host = r.host
-                self._step(r.number, host[0], host[-1], r.microbatches)
-
-    def _step(self, index: int, start: int, end: int, microbatches: int) -> None:
-        """Step ``index`` ran from ``start`` to ``end`` (host ns)."""
-        self.steps += 1
-        gap = start - self.last_end
-        if gap > 0:
-            self._gap(gap, index - 1, start)
-        self.last_end = end
-        if microbatches > 1:
-            self._merged(index, microbatches, end - start)
+                start = host[0]
+                if start > last_end:
+                    self._gap(start - last_end, r.number - 1, start)
+                last_end = host[-1]
+                if r.microbatches > 1:
+                    self._merged(r.number, r.microbatches, last_end - start)
+            self.last_end = last_end
+            self.steps += len(records)
 
     def _gap(self, ns: int, after: int, start: int) -> None:
         """``ns`` between step ``after`` and the next (the first step: none)."""

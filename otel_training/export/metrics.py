@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_training import semconv as sc
-from otel_training.aggregate.record import StepRecord
+from otel_training.aggregate.record import IDLE_NS, StepRecord
 from otel_training.export.histograms import HistogramBank, bank_for
 from otel_training.export.metric_shapes import LayoutQueues
 
@@ -79,20 +79,25 @@ class StepMetrics:
         """A batch of finished steps; ``contexts``: per traced record (``id``), the
         context holding its step span (exemplars)."""
         queues = self._queues
-        untraced: list[StepRecord] = []
-        for record in records:
-            context = contexts.get(id(record)) if contexts else None
-            if context is None and queues is not None:
-                untraced.append(record)  # (queues exist only with the bank)
-            else:
-                if untraced and queues is not None:  # values in step order (sums as the SDK's)
-                    queues.add(untraced)
-                    untraced = []
-                self._record_one(record, context)
-            if record.idle_ns:
-                self._add_idle(record.mode, record.idle_ns)
-        if untraced and queues is not None:
-            queues.add(untraced)
+        if queues is None:  # the SDK records every step
+            for record in records:
+                self._record_one(record, contexts.get(id(record)) if contexts else None)
+        else:
+            # Untraced runs go to the queues in bulk, traced steps one by one (with
+            # their exemplars), in step order (sums as the SDK's).
+            traced = [i for i, key in enumerate(map(id, records)) if key in contexts] if contexts else ()
+            start = 0
+            for i in traced:
+                if i > start:
+                    queues.add(records[start:i])
+                self._record_one(records[i], contexts[id(records[i])])
+                start = i + 1
+            if start < len(records):
+                queues.add(records[start:] if start else records)
+        if any(map(IDLE_NS, records)):
+            for record in records:
+                if record.idle_ns:
+                    self._add_idle(record.mode, record.idle_ns)
 
     def _record_one(self, r: StepRecord, context: Any) -> None:
         handle = self.phase_handle
