@@ -28,7 +28,8 @@ def test_data_loading_bound_ranks_first_with_worker_advice():
     f = diagnose(s)
     assert f[0].kind == "data_loading"
     assert f[0].score == 0.55 and f[0].severity == "high"
-    assert "55%" in f[0].detail and "idle 50%" in f[0].detail
+    assert "55% of train step time" in f[0].detail
+    assert "the GPU sat idle while it waited: 50% of train step time" in f[0].detail
     text = " ".join(f[0].advice)
     for word in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "cache"):
         assert word in text

@@ -97,7 +97,7 @@ def diagnose(summary: dict) -> list[Finding]:
     if dl >= THRESHOLDS[sc.PHASE_DATALOADER_NEXT]:
         detail = f"waiting for the next batch (dataloader_next) is {_pct(dl)} {where}"
         if idle and step_time:
-            detail += f"; the GPU sat idle {_pct(idle / step_time)} of the time meanwhile"
+            detail += f"; the GPU sat idle while it waited: {_pct(idle / step_time)} {where}"
         findings.append(
             Finding(
                 "data_loading",
