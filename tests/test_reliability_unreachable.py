@@ -45,8 +45,16 @@ def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, t
 
 def _interrupt(sig, dead_endpoint, tmp_path):
     """Start an endless instrumented loop, send ``sig`` once it trains; (run, rc, seconds to exit)."""
-    r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
-            _env(dead_endpoint, tmp_path))
+    # The loop starts as from a terminal, with SIGINT's default action. A test run
+    # started in the background by a non-interactive shell ignores SIGINT, and an
+    # ignored signal stays ignored across exec: Python would then never raise
+    # KeyboardInterrupt. Any handler here is reset to the default in the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        r = Run(instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
+                _env(dead_endpoint, tmp_path))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     r.wait_for_line("READY")
     sent = __import__("time").time()
     r.proc.send_signal(sig)
