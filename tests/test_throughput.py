@@ -215,3 +215,136 @@ def test_the_run_end_table_shows_tokens_per_second(instrumented):
     text = _render(summary)
     assert f"{train['tokens'] / train['wall_s']:,.0f} tokens/s" in text
     assert "samples/s" in text
+
+
+def test_samples_of_a_graph_loop_are_its_graphs(instrumented):
+    """PyTorch Geometric's examples/mutag_gin.py: ``for data in train_loader``, where
+    a batch is a ``torch_geometric.data.Batch`` (no tensor, sequence or mapping): its
+    samples are its graphs (``num_graphs``), the short last batch included; ``test()``
+    batches (eval mode, no no_grad) are eval steps with their graphs too."""
+    pyg = pytest.importorskip("torch_geometric")
+    from torch.nn import Linear, ReLU, Sequential
+    from torch_geometric.data import Data
+    from torch_geometric.loader import DataLoader as GraphLoader
+    from torch_geometric.nn import GINConv, global_add_pool
+
+    del pyg
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    gen = random.Random(4)
+    graphs = []
+    for _ in range(22):
+        n = gen.randint(4, 9)
+        edges = torch.randint(n, (2, 2 * n))
+        graphs.append(Data(x=torch.randn(n, 7), edge_index=edges, y=torch.tensor([gen.randint(0, 1)])))
+    train_loader = GraphLoader(graphs[4:], batch_size=8)  # 18 graphs: 8, 8, 2
+    test_loader = GraphLoader(graphs[:4], batch_size=8)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = GINConv(Sequential(Linear(7, 16), ReLU(), Linear(16, 16)))
+            self.fc = Linear(16, 2)
+
+        def forward(self, x, edge_index, batch):
+            x = torch.relu(self.conv1(x, edge_index))
+            return torch.log_softmax(self.fc(global_add_pool(x, batch)), dim=-1)
+
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _epoch in range(2):
+        model.train()
+        loss_all = 0.0
+        for data in train_loader:
+            optimizer.zero_grad()
+            output = model(data.x, data.edge_index, data.batch)
+            loss = torch.nn.functional.nll_loss(output, data.y)
+            loss.backward()
+            loss_all += loss.item() * data.num_graphs
+            optimizer.step()
+        model.eval()
+        for data in test_loader:
+            model(data.x, data.edge_index, data.batch).max(dim=1)[1].eq(data.y).sum().item()
+    tel.uninstrument()
+    sizes = {mode: [s.attributes.get("training.batch_size") for s in tel.steps() if s.attributes["training.mode"] == mode]
+             for mode in ("train", "eval")}
+    assert sizes == {"train": [8, 8, 2] * 2, "eval": [4] * 2}
+    summary = tel.runtime.summary_dict()
+    assert summary["modes"]["train"]["samples"] == 36
+    assert sum(p.value for p in tel.points("training.samples", {"training.mode": "train"})) == 36
+    assert "samples/s" in _render(summary)
+
+
+class _Jagged:
+    """Sparse ids as values and lengths (what torchrec's KeyedJaggedTensor holds): no
+    ``shape``, so it never counts as the batch's first tensor."""
+
+    def __init__(self, values, lengths):
+        self.values, self.lengths = values, lengths
+
+
+def test_samples_of_dataclass_batches(instrumented):
+    """torchrec's ``datasets/utils.py`` ``Batch``: a dataclass of dense features, jagged
+    sparse features and labels, yielded ready-made by an IterableDataset through a
+    ``DataLoader(batch_size=None)`` (torchrec's RandomRecDataset): samples are the first
+    tensor field's rows; a dataclass of ``input_ids`` and ``attention_mask`` counts the
+    mask's tokens, as a dict batch does."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Batch:
+        dense_features: torch.Tensor
+        sparse_features: _Jagged
+        labels: torch.Tensor
+
+    class RandomRecDataset(torch.utils.data.IterableDataset):
+        def __init__(self, sizes):
+            self.sizes = sizes
+
+        def __iter__(self):
+            for b in self.sizes:
+                lengths = torch.randint(1, 4, (b,))
+                yield Batch(torch.randn(b, 13), _Jagged(torch.randint(100, (int(lengths.sum()),)), lengths),
+                            torch.randint(2, (b,)).float())
+
+    class DLRM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.EmbeddingBag(100, 8, mode="sum")
+            self.top = torch.nn.Linear(13 + 8, 1)
+
+        def forward(self, dense, sparse):
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long), sparse.lengths.cumsum(0)[:-1]])
+            return self.top(torch.cat([dense, self.emb(sparse.values, offsets)], dim=1)).squeeze(1)
+
+    tel = instrumented(trace_every_n=1)
+    torch.manual_seed(0)
+    model = DLRM()
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    sizes = [16, 16, 9]
+    for batch in DataLoader(RandomRecDataset(sizes), batch_size=None):
+        logits = model(batch.dense_features, batch.sparse_features)
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels).backward()
+        opt.step()
+        opt.zero_grad()
+    tel.uninstrument()
+    assert [s.attributes.get("training.batch_size") for s in tel.steps()] == sizes
+    assert tel.runtime.summary_dict()["modes"]["train"]["samples"] == sum(sizes)
+
+    @dataclass
+    class TextBatch:
+        input_ids: torch.Tensor
+        attention_mask: torch.Tensor
+
+    tel2 = instrumented(trace_every_n=1)
+    lm = _HFStyleLM()
+    opt = torch.optim.SGD(lm.parameters(), lr=0.01)
+    texts = [b for b in DataLoader(_PaddedText(12, seed=5), batch_size=4, collate_fn=collate)]
+    for b in DataLoader(texts, batch_size=None, collate_fn=lambda b: TextBatch(b["input_ids"], b["attention_mask"])):
+        lm(b.input_ids, attention_mask=b.attention_mask, labels=b.input_ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    tel2.uninstrument()
+    assert [s.attributes["training.step.tokens"] for s in tel2.steps()] == [int(b["attention_mask"].sum())
+                                                                            for b in texts]
+    assert [s.attributes["training.batch_size"] for s in tel2.steps()] == [4, 4, 4]

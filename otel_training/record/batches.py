@@ -1,6 +1,9 @@
 """What a batch holds: its size (samples) and its tokens, from its tensors' shapes.
 
-Samples: the first dimension of the batch's first tensor (one level deep).
+Samples: the first dimension of the batch's first tensor (one level deep). A batch
+that is no tensor, sequence or mapping: a dataclass is read like a dict of its fields
+(torchrec's ``Batch``); another object by an integer ``batch_size`` or ``num_graphs``
+(PyTorch Geometric's ``Batch``: its graphs).
 Tokens: the elements of a token-id tensor -- an integer tensor of rank 2 (batch,
 sequence): a dict batch's ``input_ids`` (else its first tensor), a list or tuple
 batch's first tensor (``x`` of nanoGPT's ``x, y``; never the labels after it).
@@ -14,6 +17,7 @@ Training thread: shape and dtype reads only, a few hundred nanoseconds a batch.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -48,7 +52,10 @@ def infer_batch_size(batch: Any) -> int | None:
             shape = getattr(batch, "shape", None)
             if shape is not None:
                 return int(shape[0]) if len(shape) else None
-            return None
+            fields = _dataclass_fields(batch)
+            if fields is None:
+                return _object_size(batch)
+            items = fields.values()
         for item in items:
             shape = getattr(item, "shape", None)
             if shape is not None and len(shape):
@@ -74,12 +81,36 @@ def read_batch(batch: Any, step: Any) -> None:
             _read_mapping(batch, step)
         else:
             shape = getattr(batch, "shape", None)
-            if shape is not None and len(shape):
-                step.batch_size = int(shape[0])
-                if is_token_ids(batch):
-                    step.token_count = int(shape[0]) * int(shape[1])
+            if shape is not None:
+                if len(shape):
+                    step.batch_size = int(shape[0])
+                    if is_token_ids(batch):
+                        step.token_count = int(shape[0]) * int(shape[1])
+                return
+            fields = _dataclass_fields(batch)
+            if fields is not None:
+                _read_mapping(fields, step)
+            else:
+                step.batch_size = _object_size(batch)
     except Exception:
         return
+
+
+def _dataclass_fields(batch: Any) -> dict | None:
+    """A dataclass batch's fields by name, in order (None: not a dataclass instance)."""
+    if not dataclasses.is_dataclass(batch) or isinstance(batch, type):
+        return None
+    return {f.name: getattr(batch, f.name, None) for f in dataclasses.fields(batch)}
+
+
+def _object_size(batch: Any) -> int | None:
+    """Samples of a batch object that says how many it holds: an integer ``batch_size``
+    or ``num_graphs`` attribute (PyTorch Geometric's ``Batch`` has both)."""
+    for name in ("batch_size", "num_graphs"):
+        size = getattr(batch, name, None)
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+            return size
+    return None
 
 
 class _Counts:
