@@ -525,3 +525,90 @@ def test_an_iterator_made_long_before_its_first_batch_does_not_start_the_step_ea
     first = tel.steps()[0]
     assert first.total("dataloader_next") < 0.04
     assert _summary(tel)["coverage"]["before_first_step_s"] >= 0.1
+
+
+# -- activation checkpointing: the recompute belongs to the backward pass ------------------
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recompute_is_part_of_the_backward(instrumented, reentrant):
+    """A Hugging Face model with activation (gradient) checkpointing on, trained in the loop of
+    the transformers docs' "Train in native PyTorch" (``model(**batch)``, ``loss.backward()``,
+    ``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``). On the CPU
+    the backward pass recomputes each layer's forward on the training thread (and,
+    reentrant, calls ``torch.autograd.backward`` again per layer): that is backward time,
+    no forward of its own, no root module (the layers stay untimed) and no micro-batch."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 (the older name is deprecated)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ids = torch.randint(64, (12, 16))
+    rows = [{"input_ids": r, "labels": r} for r in ids]
+    tel = instrumented(trace_every_n=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model.train()
+    for _epoch in range(2):
+        for batch in DataLoader(rows, batch_size=4):
+            outputs = model(**batch)
+            loss = outputs.loss
+            loss.backward()
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+    roots = tel.runtime.module_hooks.roots()
+    tel.uninstrument()
+    steps = tel.steps()
+    assert _modes(tel) == ["train"] * 6 and _micro(tel) == [1] * 6
+    for s in steps:
+        (batch_span,) = s.named("train_batch")
+        assert [c.name for c in s.children(batch_span)] == ["forward", "backward", "optimizer_step"]
+        assert not s.children(s.named("backward")[0])
+    assert _summary(tel)["modes"]["train"]["microbatches"] == 6
+    assert [id(m) for m in roots] == [id(model)]
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_with_manual_updates_and_no_dataloader(instrumented, reentrant):
+    """word_language_model's train() (get_batch(), forward, backward, clip_grad_norm_,
+    ``p.data.add_(p.grad, alpha=-lr)``: no optimizer, so each backward is a step) with
+    its layers checkpointed: the forwards the backward pass recomputes cut no step."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Embedding(50, 16)
+            self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(3))
+            self.decoder = nn.Linear(16, 50)
+
+        def forward(self, x):
+            h = self.encoder(x)
+            for layer in self.layers:
+                h = checkpoint(layer, h, use_reentrant=reentrant)
+            return self.decoder(h)
+
+    torch.manual_seed(0)
+    model = Checkpointed()
+    criterion = nn.CrossEntropyLoss()
+    source = torch.randint(50, (9 * 4 + 1,))
+    tel = instrumented(trace_every_n=1)
+    model.train()
+    for i in range(0, 9 * 4, 9):
+        data, targets = source[i:i + 8], source[i + 1:i + 9]
+        model.zero_grad()
+        loss = criterion(model(data), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+        loss.item()
+    roots = tel.runtime.module_hooks.roots()
+    tel.uninstrument()
+    assert _modes(tel) == ["train"] * 4 and _micro(tel) == [1] * 4
+    assert {id(m) for m in roots} == {id(model), id(criterion)}

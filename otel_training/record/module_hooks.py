@@ -143,8 +143,9 @@ class RootModuleHooks:
         if _is_compiling() or self.depth:
             return None
         try:
-            if module in self._roots or not self._tracker.on_training_thread(True):
-                return None
+            tracker = self._tracker
+            if module in self._roots or not tracker.on_training_thread(True) or tracker.in_backward():
+                return None  # (a module a backward pass recomputes is no root: checkpointing)
             self._add_root(module)
             # This call is already past our timed call: time it with a one-shot hook.
             if self._begin(module, _is_loss(module), args, _call_kwargs(module)):

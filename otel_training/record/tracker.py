@@ -25,6 +25,7 @@ from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline, has_work
 
 _FORWARD = sc.PHASE_FORWARD
+_BACKWARD = sc.PHASE_BACKWARD
 
 DRIVER_NONE = "none"  # no step source seen yet: implicit steps at forward
 DRIVER_DATALOADER = "dataloader"
@@ -268,6 +269,8 @@ class Tracker(PhaseStack):
                     if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
                         step.train_forward = True
                     return
+            if top is not None and top.name == _BACKWARD:
+                return  # a checkpointed segment recomputed by the backward pass: part of it
             fresh = (
                 (driver == DRIVER_NONE or driver == DRIVER_DATALOADER)
                 and not self._optimizers
@@ -300,7 +303,7 @@ class Tracker(PhaseStack):
         """Samples and tokens of each forward of the step's first root when no DataLoader
         drives (nanoGPT's ``model(x, y)``), outside optimizer steps (LBFGS closures)."""
         step = self.step
-        if step is not None and root is self._step_root and not self._optimizers:
+        if step is not None and root is self._step_root and not self._optimizers and not self.in_backward():
             read_inputs(args, kwargs, step)
 
     def _cuts(self, step: StepTimeline, root: Any) -> bool:
@@ -323,10 +326,20 @@ class Tracker(PhaseStack):
         """A forward with gradients on and its root in train mode."""
         return self._grad_enabled() and getattr(root, "training", True)
 
+    def in_backward(self) -> bool:
+        """Whether a backward pass is running: activation checkpointing recomputes its
+        segments' forwards in it (and, reentrant, calls ``backward`` again), which are
+        part of that backward -- no forward, root module or micro-batch of their own."""
+        stack = self._stack
+        return bool(stack) and stack[-1].name == _BACKWARD
+
     def backward_begin(self) -> bool:
         step = self.step
         if step is None:
             return False
+        stack = self._stack
+        if stack and stack[-1].name == _BACKWARD:
+            return False  # reentrant checkpointing: a backward inside the backward pass
         step.saw_backward = True
         if self._optimizers:  # inside an optimizer step: its closure
             step.closure_backward = True
