@@ -71,6 +71,11 @@ class FlopProbe:
         self._last_ns = 0  # duration of the last training step before the count
         self.done = False
         self._mode_class: Any = None
+        # The peak table's module (with the hardware package, ~40 ms cold) is imported
+        # now, at instrumentation: imported when the count ends, on the training thread,
+        # it would land in the next step's time (found by a timm-shaped loop).
+        import otel_training.hardware.peaks  # noqa: F401
+
         self._prepare()
 
     def _prepare(self) -> None:
