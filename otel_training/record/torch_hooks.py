@@ -17,6 +17,7 @@ import torch
 
 from otel_training import semconv as sc
 from otel_training.handles import Handles
+from otel_training.record.loop_wrappers import LoopWrappers
 
 _FROM_DEVICE_METHODS = ("item", "cpu", "tolist", "numpy")
 _COLLECTIVES = (
@@ -40,6 +41,8 @@ _COLLECTIVES = (
 def install_torch_hooks(tracker: Any, handles: Handles, on_error: Callable) -> None:
     """Install all non-module hooks; each patch and torch hook goes to ``handles``."""
     patcher = handles
+    wrappers = handles.add(LoopWrappers(tracker, on_error).install())
+    watched_loops = wrappers.frames
 
     def phase_wrapper(
         component: str, begin: Callable[[], Any], end: Callable[[Any], None] | None = None, name: str = ""
@@ -93,6 +96,10 @@ def install_torch_hooks(tracker: Any, handles: Handles, on_error: Callable) -> N
             except Exception as exc:
                 started = None
                 on_error("dataloader", exc)
+            try:
+                wrappers.discover(sys._getframe(1))  # a generator wrapping the loader's loop?
+            except Exception as exc:
+                on_error("dataloader", exc)
         try:
             counts = instance.__dict__.setdefault("_otel_epochs", [0])
             it._otel_epoch = counts[0]
@@ -118,7 +125,9 @@ def install_torch_hooks(tracker: Any, handles: Handles, on_error: Callable) -> N
             batch = wrapped(*args, **kwargs)
         except StopIteration:
             try:
-                tracker.loader_stopped()
+                # In a watched wrapper's loop (record/loop_wrappers.py) a batch may still come.
+                # (Frame 2: the caller of __next__, past wrap_plain's patched function.)
+                tracker.loader_stopped(bool(watched_loops) and id(sys._getframe(2)) in watched_loops)
             except Exception as exc:
                 on_error("dataloader", exc)
             raise

@@ -230,16 +230,29 @@ class Tracker(PhaseStack):
         if not self._stack:
             self._to_device_from = len(step.marks) - 1
 
-    def loader_stopped(self) -> None:
+    def loader_stopped(self, wrapped: bool = False) -> None:
         """``__next__`` raised StopIteration: a piece with only that wait is no
-        step, nor part of one (no batch came of it: the time lies between steps)."""
+        step, nor part of one (no batch came of it: the time lies between steps).
+        ``wrapped``: in a watched wrapper's loop (record/loop_wrappers.py), which may
+        still hand out a batch fetched ahead: the piece stays for it until ``loop_ended``."""
         step = self.step
         if step is None:
             return
-        if step.source is not None and not has_work(step) and self.driver == DRIVER_DATALOADER:
+        if not wrapped and step.source is not None and not has_work(step) and self.driver == DRIVER_DATALOADER:
             self.discard_step()
         else:
             self.end_phase(sc.PHASE_DATALOADER_NEXT)
+
+    def loop_ended(self) -> None:
+        """A watched wrapper's loop ended (its generator returned): the open piece ends
+        here, as at a DataLoader's end; a piece with only waits is no step."""
+        step = self.step
+        if step is None or self.driver != DRIVER_DATALOADER:
+            return
+        if has_work(step):
+            self._close(*self._stamp())
+        else:
+            self.discard_step()
 
     def forward_begin(self, root: Any = None, loss: bool = False) -> None:
         """A root module's forward began (``root``: that module; ``loss``: it has no
