@@ -612,3 +612,52 @@ def test_activation_checkpointing_with_manual_updates_and_no_dataloader(instrume
     tel.uninstrument()
     assert _modes(tel) == ["train"] * 4 and _micro(tel) == [1] * 4
     assert {id(m) for m in roots} == {id(model), id(criterion)}
+
+
+# -- loaders wrapped in a generator ----------------------------------------------------------
+
+
+class _Prefetcher:
+    """A loader wrapper of one's own, one batch ahead (the shape of timm's PrefetchLoader
+    and accelerate's DataLoaderShard): a generator ``__iter__`` over a DataLoader."""
+
+    def __init__(self, loader, ahead=True):
+        self.loader, self.ahead = loader, ahead
+
+    def __iter__(self):
+        if not self.ahead:  # a pass-through: ends right after its DataLoader
+            for batch in self.loader:
+                yield batch
+            return
+        it = iter(self.loader)
+        current = next(it)
+        for nxt in it:
+            yield current
+            current = nxt
+        yield current
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_generator_wrapped_loader_ends_its_loop_where_the_generator_does(instrumented, ahead):
+    """Three epochs, each followed by 30 ms of work outside the loop (a checkpoint): each
+    batch is one train step; a wrapper one batch ahead is recognised in its first loop,
+    so from its second loop on the time after the loop lies between steps (a pass-through
+    generator ends with its DataLoader: every loop's end is seen)."""
+    import time
+
+    tel = instrumented(trace_every_n=1)
+    model, data = make_model(), make_dataset(12)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = _Prefetcher(DataLoader(data, batch_size=4), ahead=ahead)
+    for _epoch in range(3):
+        for x, y in loader:
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        time.sleep(0.03)  # checkpoint
+    model(torch.randn(2, 8))  # a step after the last loop, so its gap counts
+    tel.uninstrument()
+    assert _modes(tel)[:9] == ["train"] * 9 and _micro(tel)[:9] == [1] * 9
+    coverage = _summary(tel)["coverage"]
+    seen = 3 if not ahead else 2
+    assert coverage["gaps"] >= seen and seen * 0.03 <= coverage["outside_s"] < 3 * 0.03 + 0.02
