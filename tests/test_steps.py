@@ -661,3 +661,33 @@ def test_a_generator_wrapped_loader_ends_its_loop_where_the_generator_does(instr
     coverage = _summary(tel)["coverage"]
     seen = 3 if not ahead else 2
     assert coverage["gaps"] >= seen and seen * 0.03 <= coverage["outside_s"] < 3 * 0.03 + 0.02
+
+
+def test_accelerate_loops_are_watched_in_every_instrumentation(instrumented):
+    """accelerate's DataLoaderShard (one batch ahead) is watched from its first loop, in a
+    second instrumentation after an uninstrument too; uninstrument gives its own
+    ``__iter__`` back."""
+    import time
+
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.data_loader import DataLoaderShard
+
+    own = DataLoaderShard.__dict__["__iter__"]
+    for _run in range(2):
+        tel = instrumented(trace_every_n=1)
+        accelerator = accelerate.Accelerator(cpu=True)
+        net = make_model()
+        model, opt, loader = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01),
+                                                 DataLoader(make_dataset(8), batch_size=4))
+        for _epoch in range(2):
+            for x, y in loader:
+                accelerator.backward(nn.functional.cross_entropy(model(x), y))
+                opt.step()
+                opt.zero_grad()
+            time.sleep(0.03)  # after the loop: between steps
+        model(torch.randn(2, 8))
+        tel.uninstrument()
+        assert _modes(tel)[:4] == ["train"] * 4
+        coverage = _summary(tel)["coverage"]
+        assert coverage["gaps"] >= 2 and 0.06 <= coverage["outside_s"] < 0.1
+        assert DataLoaderShard.__dict__["__iter__"] is own

@@ -19,6 +19,7 @@ A plain pass-through generator ends right after its DataLoader: nothing changes 
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,11 +56,8 @@ class LoopWrappers:
                 if name not in _registered:
                     _registered.add(name)
                     wrapt.register_post_import_hook(_on_import, name)  # at once if imported
-                else:
-                    import sys
-
-                    if name in sys.modules:
-                        self.watch_known(sys.modules[name])
+                elif name in sys.modules:  # hooked in an earlier install: patch now
+                    self.watch_known(sys.modules[name])
         return self
 
     def remove(self) -> None:

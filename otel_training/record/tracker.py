@@ -350,8 +350,7 @@ class Tracker(PhaseStack):
         step = self.step
         if step is None:
             return False
-        stack = self._stack
-        if stack and stack[-1].name == _BACKWARD:
+        if self.in_backward():
             return False  # reentrant checkpointing: a backward inside the backward pass
         step.saw_backward = True
         if self._optimizers:  # inside an optimizer step: its closure
