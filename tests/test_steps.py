@@ -691,3 +691,36 @@ def test_accelerate_loops_are_watched_in_every_instrumentation(instrumented):
         coverage = _summary(tel)["coverage"]
         assert coverage["gaps"] >= 2 and 0.06 <= coverage["outside_s"] < 0.1
         assert DataLoaderShard.__dict__["__iter__"] is own
+
+
+def test_a_loop_left_with_break_after_a_fetch(instrumented):
+    """Lightning Fabric's build_your_own_trainer checks ``if batch_idx >= limit_batches:
+    break`` at the top of the loop body: one batch is fetched that no step uses. That
+    fetch, the epoch-end log (``.item()``) and the checkpoint after the loop lie between
+    steps: the validation steps that follow do not absorb them."""
+    import time
+
+    tel = instrumented(trace_every_n=1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train, val = DataLoader(make_dataset(16), batch_size=4), DataLoader(make_dataset(8), batch_size=4)
+    for _epoch in range(2):
+        model.train()
+        for batch_idx, (x, y) in enumerate(train):
+            if batch_idx >= 2:
+                break
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        loss.item()  # on_train_epoch_end's log
+        time.sleep(0.03)  # fabric.save
+        model.eval()
+        with torch.no_grad():
+            for x, _ in val:
+                model(x)
+    tel.uninstrument()
+    assert _modes(tel) == ["train", "train", "eval", "eval"] * 2
+    assert all(s.duration < 0.02 for s in tel.steps())
+    coverage = _summary(tel)["coverage"]
+    assert coverage["gaps"] >= 2 and coverage["outside_s"] >= 0.06

@@ -348,3 +348,52 @@ def test_samples_of_dataclass_batches(instrumented):
     assert [s.attributes["training.step.tokens"] for s in tel2.steps()] == [int(b["attention_mask"].sum())
                                                                             for b in texts]
     assert [s.attributes["training.batch_size"] for s in tel2.steps()] == [4, 4, 4]
+
+
+def test_samples_when_micro_batches_are_fetched_first_or_one_ahead(instrumented):
+    """torchtitan's train_step fetches all its micro-batches first (``next(data_iterator)``
+    per micro-batch, then forward and backward per micro-batch): every fetched batch is
+    the step's. A loader wrapper one batch ahead (accelerate's DataLoaderShard) hands out
+    the batch fetched in the step before: one batch a step, the last one of each loop too."""
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    data = torch.randint(CFG.vocab_size, (4000,))
+    windows = [(data[i:i + CFG.block_size], data[i + 1:i + 1 + CFG.block_size]) for i in range(0, 2400, 40)]
+
+    def batch_generator(loader):  # torchtitan's Trainer.batch_generator
+        for x, y in iter(loader):
+            yield x, y
+
+    tel = instrumented(trace_every_n=1)
+    model = GPT(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data_iterator = batch_generator(DataLoader(windows, batch_size=4))
+    for _step in range(5):
+        microbatches = [next(data_iterator) for _ in range(3)]
+        for x, y in microbatches:
+            _, loss = model(x, y)
+            (loss / 3).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+    tel.uninstrument()
+    assert [s.attributes["training.batch_size"] for s in tel.steps()] == [12] * 5
+    assert [s.attributes["training.step.tokens"] for s in tel.steps()] == [12 * CFG.block_size] * 5
+    summary, train, counter, samples = _train_totals(tel)
+    assert samples == 60 and counter == train["tokens"] == 60 * CFG.block_size
+
+    tel2 = instrumented(trace_every_n=1)
+    accelerator = accelerate.Accelerator(cpu=True)
+    model = GPT(CFG)
+    model, opt, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                                             DataLoader(windows[:12], batch_size=4))
+    for _epoch in range(2):
+        for x, y in loader:
+            _, loss = model(x, y)
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+    tel2.uninstrument()
+    assert [s.attributes.get("training.batch_size") for s in tel2.steps()] == [4] * 6
+    summary, train, counter, samples = _train_totals(tel2)
+    assert samples == 24 and counter == 24 * CFG.block_size

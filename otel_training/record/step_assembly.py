@@ -58,6 +58,7 @@ class StepAssembler:
         self.update_seen = False
         self._next = 0
         self._prefix: StepTimeline | None = None  # waits for data, for the next piece
+        self._prefix_batches = 0  # batches those waits handed out
         self._pending: StepTimeline | None = None  # backward passes awaiting their update
         self._pending_pieces = 0
         self._held: StepTimeline | None = None  # an update another optimizer may join
@@ -95,6 +96,8 @@ class StepAssembler:
         if not (piece.saw_forward or piece.saw_backward or piece.saw_optimizer):
             if piece.error is None:
                 self._prefix = piece if self._prefix is None else _absorb(self._prefix, piece)
+                if piece.batch_size is not None:
+                    self._prefix_batches += 1
                 return
             # A wait that raised (the dataset failed): the step the run failed in.
             self._resolve()
@@ -125,21 +128,28 @@ class StepAssembler:
         """The run ends: hand on what is held; a trailing wait is no step."""
         self._resolve()
         prefix, self._prefix = self._prefix, None
+        self._prefix_batches = 0
         if prefix is not None:
             self._drop(prefix)
 
     # -- grouping ------------------------------------------------------------------------
     def _with_prefix(self, piece: StepTimeline) -> StepTimeline:
-        """``piece`` with the waits before it merged in (the step that uses the batch)."""
+        """``piece`` with the waits before it merged in (the step that uses the batch).
+        Its samples and tokens: every batch fetched when the step used as many (its
+        micro-batches fetched first, torchtitan's ``train_step``); else the last one
+        fetched, the others being fetched ahead for later steps (timm, accelerate)."""
         prefix = self._prefix
         if prefix is None:
             return piece
         self._prefix = None
+        fetched = self._prefix_batches + (piece.batch_size is not None)
+        self._prefix_batches = 0
         batch_size, source, epoch = piece.batch_size, piece.source, piece.epoch
         tokens, masks = piece.token_count, piece.token_masks
-        merged = _absorb(prefix, piece)
-        merged.batch_size, merged.source, merged.epoch = batch_size, source, epoch
-        merged.token_count, merged.token_masks = tokens, masks
+        merged = _absorb(prefix, piece)  # (sums the samples and tokens)
+        merged.source, merged.epoch = source, epoch
+        if piece.backwards + piece.closure_backward < fetched:
+            merged.batch_size, merged.token_count, merged.token_masks = batch_size, tokens, masks
         return merged
 
     def _hold_pending(self, piece: StepTimeline) -> None:

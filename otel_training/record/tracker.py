@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,11 @@ _ITER_GAP_NS = 5_000_000  # iter(loader) this close before its first next(): one
 _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
 _NOBODY = -1  # a thread ident no thread has: every hook is ignored
+
+
+def _gone() -> None:
+    """A weak reference's answer once its object is gone."""
+    return None
 
 
 class Tracker(PhaseStack):
@@ -59,6 +65,9 @@ class Tracker(PhaseStack):
         self.driver = DRIVER_NONE
         self.thread: int | None = None  # the training thread's ident
         self.memory: Any = None  # a MemoryReader (record/memory.py): read at step ends, when due
+        self._fetched: StepTimeline | None = None  # the piece of the last batch a DataLoader handed out
+        self._source_id = 0  # id() of the DataLoader iterator that began the last piece, and
+        self._source: Callable[[], Any] = _gone  # a weak reference to it
 
     # ------------------------------------------------------------------ basics
     def on_training_thread(self, bind: bool = False) -> bool:
@@ -180,8 +189,21 @@ class Tracker(PhaseStack):
         manual ``step()`` drives). Returns the instant, ``(token, ns)``, from which
         the loop's first step counts (so worker start-up lands in its first wait)."""
         token, now = self._stamp()
-        if self.step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
-            self._close(token, now)  # a framework or manual driver keeps its step
+        step = self.step
+        if step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
+            if (
+                step.source is not None
+                and step.source == self._source_id
+                and not (step.saw_forward or step.saw_backward or step.saw_optimizer)
+                and self._source() is None
+            ):
+                # A loop left with ``break`` after one more fetch (Fabric's
+                # ``limit_batches`` check): that batch feeds no step, and the time until
+                # this loop (an epoch-end log's ``.item()``) lies between steps, as after
+                # a loader's end.
+                self.discard_step()
+            if self.step is not None:
+                self._close(token, now)  # a framework or manual driver keeps its step
         if self.on_loop is not None:
             self.on_loop()
         return token, now
@@ -215,6 +237,10 @@ class Tracker(PhaseStack):
             token, now = started_at[0], started_at[1]
         # Only the iterator's id is kept: holding the iterator would keep its worker
         # processes alive after the user's loop let go of it (and fork copies of it).
+        # A weak reference tells whether the loop let go of it (loader_iter_begin).
+        if self._source_id != id(iterator) or self._source() is not iterator:
+            self._source_id = id(iterator)
+            self._source = weakref.ref(iterator)
         step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))
         self._push(step, token, now)
         self._open(sc.PHASE_DATALOADER_NEXT, True, 0)
@@ -227,6 +253,7 @@ class Tracker(PhaseStack):
         step = self.step
         if step.batch_size is None:
             read_batch(batch, step)
+        self._fetched = step
         if not self._stack:
             self._to_device_from = len(step.marks) - 1
 
@@ -240,8 +267,12 @@ class Tracker(PhaseStack):
             return
         if not wrapped and step.source is not None and not has_work(step) and self.driver == DRIVER_DATALOADER:
             self.discard_step()
-        else:
-            self.end_phase(sc.PHASE_DATALOADER_NEXT)
+            return
+        self.end_phase(sc.PHASE_DATALOADER_NEXT)
+        last = self._fetched
+        if wrapped and step.batch_size is None and last is not None and last is not step:
+            # The batch the loop hands out last was fetched by the piece before: its size.
+            step.batch_size, step.token_count, step.token_masks = last.batch_size, last.token_count, last.token_masks
 
     def loop_ended(self) -> None:
         """A watched wrapper's loop ended (its generator returned): the open piece ends
