@@ -238,7 +238,7 @@ class Tracker(PhaseStack):
         # Only the iterator's id is kept: holding the iterator would keep its worker
         # processes alive after the user's loop let go of it (and fork copies of it).
         # A weak reference tells whether the loop let go of it (loader_iter_begin).
-        if self._source_id != id(iterator) or self._source() is not iterator:
+        if self._source() is not iterator:
             self._source_id = id(iterator)
             self._source = weakref.ref(iterator)
         step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))
