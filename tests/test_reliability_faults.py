@@ -35,6 +35,7 @@ ENTRY_POINTS = [
     ("otel_training.record.torch_hooks", "<lambda>", "backward_begin"),
     ("otel_training.record.torch_hooks", "wrapper", "end_phase"),
     ("otel_training.record.module_hooks", "_discover", "on_training_thread"),
+    ("otel_training.record.module_hooks", "_discover", "in_backward"),
     ("otel_training.record.module_hooks", "_begin", "forward_begin"),
     ("otel_training.record.module_hooks", "_end", "end_phase"),
     ("otel_training.api", "__enter__", "on_training_thread"),
