@@ -50,7 +50,8 @@ def _trains(rm) -> bool:
     return any(m.name == "training.steps" for sm in rm.scope_metrics for m in sm.metrics)
 
 
-def restamp(requests: List, interval_s: float, end_s: float, tag: str) -> Tuple[List, float, float]:
+def restamp(requests: List, interval_s: float, end_s: float, tag: str,
+            regular: bool = False) -> Tuple[List, float, float]:
     """Copies of ``requests`` stretched in time so that each process exports every
     ``interval_s`` seconds (its recorded exports keep their order, spacing and phase
     relative to the other processes, scaled), renamed with ``tag``. The last export that
@@ -66,7 +67,19 @@ def restamp(requests: List, interval_s: float, end_s: float, tag: str) -> Tuple[
         gaps += [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
     native_ns = sorted(gaps)[len(gaps) // 2]  # the recorded export interval
     factor = interval_s * 1e9 / native_ns  # output seconds per recorded nanosecond, x1e9
-    trains = [_time_ns(rm) for request in requests for rm in request.resource_metrics if _trains(rm)]
+    when = _time_ns
+    if regular:
+        # Each process's k-th export k recorded intervals after its first: the recording's
+        # jitter left out (a synthetic producer's, whose timing is not under test).
+        slot = {}
+        for instance, stamps in by_instance.items():
+            stamps = sorted(set(stamps))
+            slot.update({(instance, t): stamps[0] + k * native_ns for k, t in enumerate(stamps)})
+
+        def when(rm, _slot=slot):
+            t = _time_ns(rm)
+            return _slot.get((_instance(rm), t), t)
+    trains = [when(rm) for request in requests for rm in request.resource_metrics if _trains(rm)]
     ref_ns = max(trains)
     from_ns = min(trains) - 2 * native_ns  # the hardware sampler's start-up before training: left out
     first, last = float("inf"), float("-inf")
@@ -76,9 +89,9 @@ def restamp(requests: List, interval_s: float, end_s: float, tag: str) -> Tuple[
         copy.CopyFrom(request)
         keep = []
         for rm in copy.resource_metrics:
-            if not from_ns <= _time_ns(rm) <= ref_ns:
+            if not from_ns <= when(rm) <= ref_ns:
                 continue
-            t = end_s - (ref_ns - _time_ns(rm)) * factor / 1e9
+            t = end_s - (ref_ns - when(rm)) * factor / 1e9
             first, last = min(first, t), max(last, t)
             t_ns = int(t * 1e9)
             _rename(rm.resource.attributes, tag)
