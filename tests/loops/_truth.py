@@ -235,3 +235,22 @@ class _Timed:
         t1 = time.perf_counter()
         self.truth._add_timed(self.mode, self.phase, (t1 - self.t) - (self.truth._slept - self.slept))
         return False
+
+
+class Ledger:
+    """A Dataset's planted sleeps, measured as they happen and booked later, to the step
+    that turns out to use the batch: ``book(mode)`` adds them to ``mode``'s
+    ``dataloader_next`` (``OUTSIDE``: to the time between steps, a batch no step used)."""
+
+    def __init__(self, truth: Truth) -> None:
+        self.truth = truth
+        self.slept = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        t = time.perf_counter()
+        time.sleep(seconds)
+        self.slept += time.perf_counter() - t
+
+    def book(self, mode: str) -> None:
+        self.truth.add(mode, "outside" if mode == OUTSIDE else "dataloader_next", self.slept)
+        self.slept = 0.0

@@ -85,7 +85,7 @@ from tqdm import tqdm
 # lightning.fabric no longer re-exports since 2.6 (#21327): an AttributeError at import
 LRScheduler = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
-from _truth import BEFORE, EVAL, OUTSIDE, TRAIN, Truth
+from _truth import BEFORE, EVAL, OUTSIDE, TRAIN, Ledger, Truth
 
 logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -103,21 +103,8 @@ pending = [0]  # (truth) backward passes since the last update
 
 
 # -- planted: data, a remote logger, a slow checkpoint file system --------------------------
-class Ledger:
-    """(truth) The Dataset's sleeps for the batch being fetched, booked when the loop
-    body takes the batch (a step's ``dataloader_next``) or leaves it (``OUTSIDE``)."""
-
-    def __init__(self):
-        self.slept = 0.0
-
-    def sleep(self, seconds):
-        t = time.perf_counter()
-        time.sleep(seconds)
-        self.slept += time.perf_counter() - t
-
-    def book(self, mode):
-        truth.add(mode, "outside" if mode == OUTSIDE else "dataloader_next", self.slept)
-        self.slept = 0.0
+# (truth) Ledger (_truth.py): the Dataset's sleeps for the batch being fetched, booked when the loop
+# body takes the batch (a step's ``dataloader_next``) or leaves it (``OUTSIDE``).
 
 
 class SyntheticDigits(Dataset):
@@ -126,7 +113,7 @@ class SyntheticDigits(Dataset):
         self.x = torch.randn(n, 1, IMG, IMG, generator=g)
         self.y = torch.randint(0, 10, (n,), generator=g)
         self.delay = delay
-        self.ledger = Ledger()
+        self.ledger = Ledger(truth)
 
     def __len__(self):
         return len(self.y)

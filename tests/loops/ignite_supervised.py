@@ -74,7 +74,7 @@ from torch.optim import SGD
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from _truth import EVAL, TRAIN, Truth
+from _truth import EVAL, TRAIN, Ledger, Truth
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
@@ -109,24 +109,9 @@ class Net(nn.Module):
 
 
 # -- planted: data, a slow console, a slow checkpoint file system -----------------------
-class Ledger:
-    """(truth) The Dataset's sleeps for the batch being fetched, booked by the engine
-    that fetched it (``GET_BATCH_COMPLETED``): the train loader feeds both engines."""
-
-    def __init__(self):
-        self.slept = 0.0
-
-    def sleep(self, seconds):
-        t = time.perf_counter()
-        time.sleep(seconds)
-        self.slept += time.perf_counter() - t
-
-    def book(self, mode):
-        truth.add(mode, "dataloader_next", self.slept)
-        self.slept = 0.0
-
-
-ledger = Ledger()
+# (truth) Ledger (_truth.py): the Dataset's sleeps for the batch being fetched, booked by the engine
+# that fetched it (``GET_BATCH_COMPLETED``): the train loader feeds both engines.
+ledger = Ledger(truth)
 
 
 class SyntheticDigits(Dataset):

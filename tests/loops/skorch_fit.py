@@ -74,7 +74,7 @@ from skorch.dataset import Dataset, ValidSplit
 from torch import nn
 from torch.optim.lr_scheduler import CyclicLR
 
-from _truth import BEFORE, EVAL, OUTSIDE, TRAIN, Truth
+from _truth import BEFORE, EVAL, OUTSIDE, TRAIN, Ledger, Truth
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
@@ -88,24 +88,9 @@ EPOCH_HOOKS = ("on_train_begin", "on_epoch_begin", "on_epoch_end", "on_train_end
 
 
 # -- planted: a slow Dataset, a remote metrics service, a network file system -------------
-class Ledger:
-    """(truth) The Dataset's sleeps since the last booking, booked to the step that
-    uses the batch (every fetched batch is used: no loop here is left with break)."""
-
-    def __init__(self):
-        self.slept = 0.0
-
-    def sleep(self, seconds):
-        t = time.perf_counter()
-        time.sleep(seconds)
-        self.slept += time.perf_counter() - t
-
-    def book(self, mode):
-        truth.add(mode, "dataloader_next", self.slept)
-        self.slept = 0.0
-
-
-ledger = Ledger()
+# (truth) Ledger (_truth.py): the Dataset's sleeps since the last booking, booked to the step that
+# uses the batch (every fetched batch is used: no loop here is left with break).
+ledger = Ledger(truth)
 
 
 class DecodingDataset(Dataset):
