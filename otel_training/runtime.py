@@ -379,19 +379,27 @@ class Runtime:
             self.on_error("shutdown", exc)
         if self.hardware is not None:
             try:
-                self.hardware.shutdown(min(1.0, left(0.25)))
+                self.hardware.stop_sampling(min(1.0, left(0.25)))
             except Exception as exc:
                 self.on_error("hardware", exc)
         guard = self.guard
         if guard is not None and not guard.silenced:
             try:
                 # Leave a quarter of the budget for giving up cleanly and shutting down.
+                # The hardware gauges still report here: this last export carries the
+                # samples since the one before (all of them, in a run shorter than the
+                # export interval), the sampler's last one included.
                 if not guard.flush(left(0.75)) and final:
                     guard.abort()  # interrupts the exporters' retry backoff
                     guard.flush(min(0.2, left(0.3)))  # lets the aborted exports count
                     self.telemetry.drop_spans(guard.discard_pending())
             except Exception as exc:
                 self.on_error("shutdown", exc)
+        if self.hardware is not None:
+            try:
+                self.hardware.shutdown(0.0)  # stopped above; the gauges report nothing from now
+            except Exception as exc:
+                self.on_error("hardware", exc)
         self._report()
         if final and guard is not None and not guard.silenced:
             try:

@@ -237,3 +237,19 @@ def test_cpu_counters_going_backwards_are_clamped(hw, monkeypatch):
     c.cpu = CpuTimes(0.99, 0, 0, 2.0, 0, 0, 0, 0, 0, 0)
     sampler.tick(now=1.0)
     assert points(reader)["system.cpu.utilization"][0][1] == 0.0  # present, clamped to 0
+
+
+@pytest.mark.slow
+def test_a_run_shorter_than_the_export_interval_still_exports_its_hardware_samples():
+    """The last export, at exit, carries the hardware samples taken since the one before:
+    a run that ends before its first periodic export (here: one export, at exit) still
+    reports its host's CPU and memory."""
+    from tests.loops._run import cleanup, run_loop
+
+    r = run_loop("nanogpt_accum", extra_env={"OTEL_TRAINING_HARDWARE": "true"})
+    cleanup()
+    assert r.error is None and r.returncode == 0, r.stderr_tail()
+    for name in ("system.cpu.utilization", "system.linux.memory.available"):
+        assert r.gauges.get(name), f"no {name} exported at exit: {sorted(r.gauges)}"
+    [(attrs, available)] = r.gauges["system.linux.memory.available"]
+    assert attrs["host.name"] and 0 < available <= psutil.virtual_memory().total

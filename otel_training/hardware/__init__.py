@@ -50,6 +50,16 @@ class HardwareMetrics:
         if self._sampler is not None and not self._stopped:
             self._sampler.tick()
 
+    def stop_sampling(self, timeout: float = 1.0) -> None:
+        """Take a last sample and stop the thread (waits at most ``timeout`` s); the gauges
+        still report, so that the next export carries the samples since the last one."""
+        if self._stopped:
+            return
+        try:
+            self._sampler.shutdown(timeout, final_tick=True)
+        except Exception:
+            _logger.warning("stopping the hardware sampler failed", exc_info=True)
+
     def shutdown(self, timeout: float = 1.0) -> None:
         """Stop sampling (waits at most ``timeout`` s); the gauges then report nothing."""
         if self._stopped:

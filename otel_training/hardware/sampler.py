@@ -49,6 +49,7 @@ class Sampler:
         self._close_lock = threading.Lock()
         self._failed_once = False
         self._on_gpus = on_gpus
+        self._final_tick = False
 
     def tick(self, now: float | None = None) -> None:
         """Take one sample of every source this process is responsible for."""
@@ -95,11 +96,18 @@ class Sampler:
                     delay = 0.0
                 if self._stop.wait(delay):
                     break
+            if self._final_tick:  # the stretch since the last tick, for the last export
+                try:
+                    self.tick()
+                except Exception:
+                    pass
         finally:
             self._close()
 
-    def shutdown(self, timeout: float = 1.0) -> None:
-        """Stop the thread, waiting at most ``timeout`` seconds; frees the host lock."""
+    def shutdown(self, timeout: float = 1.0, final_tick: bool = False) -> None:
+        """Stop the thread, waiting at most ``timeout`` seconds; frees the host lock.
+        ``final_tick``: the thread samples once more before it ends."""
+        self._final_tick = final_tick
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():

@@ -47,6 +47,10 @@ class LoopRun:
     summary: Optional[dict] = None
     summary_error: Optional[str] = None
     roots: List[dict] = field(default_factory=list)  # attributes of every root "step" span
+    # every span as (name, span_id, parent_span_id, start_ns, end_ns, attributes)
+    spans: List[tuple] = field(default_factory=list)
+    # the last exported points of each hardware gauge ("hw.", "process.gpu.", "system.")
+    gauges: Dict[str, List[tuple]] = field(default_factory=dict)  # name -> [(attributes, value)]
     error: Optional[str] = None  # the runner itself failed (timeout, ...)
 
     def stderr_tail(self, n: int = 3000) -> str:
@@ -131,8 +135,8 @@ def run_loop(name: str, extra_env: Optional[Dict[str, str]] = None, timeout: flo
             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
             LOOPS_LOOP_LOCK=str(session / "loop.lock"), LOOPS_PIDS_DIR=str(session / "pids"),
-            **(extra_env or {}),
         )
+        env.update(extra_env or {})
         cmd = [str(BIN / "opentelemetry-instrument"), sys.executable, str(script_path(name))]
         t0 = time.monotonic()
         # Start (and register) only while no script times its loop: the one that does
@@ -169,6 +173,12 @@ def run_loop(name: str, extra_env: Optional[Dict[str, str]] = None, timeout: flo
         receiver.wait_for(lambda rx: False, timeout=0.3)
         out.roots = [attributes(span.attributes) for _, span in receiver.spans()
                      if span.name == "step" and not span.parent_span_id]
+        out.spans = [(sp.name, sp.span_id, sp.parent_span_id, sp.start_time_unix_nano, sp.end_time_unix_nano,
+                      attributes(sp.attributes)) for _, sp in receiver.spans()]
+        for _, metric in receiver.metrics():
+            if metric.name.startswith(("hw.", "process.gpu.", "system.")) and metric.HasField("gauge"):
+                out.gauges[metric.name] = [(attributes(pt.attributes), getattr(pt, pt.WhichOneof("value")))
+                                           for pt in metric.gauge.data_points]
     return out
 
 
