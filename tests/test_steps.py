@@ -724,3 +724,30 @@ def test_a_loop_left_with_break_after_a_fetch(instrumented):
     assert all(s.duration < 0.02 for s in tel.steps())
     coverage = _summary(tel)["coverage"]
     assert coverage["gaps"] >= 2 and coverage["outside_s"] >= 0.06
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("on_thread", [False, True], ids=["main-thread", "unjoined-thread"])
+def test_the_last_step_ends_with_the_script_not_with_exit_work(tmp_path, on_thread):
+    """A loop that ends without a loader's StopIteration (nanoGPT's ``while True: ...
+    break``): its last step ends when the main thread's code returns, not after the
+    exit-time work of libraries whose ``atexit`` handlers run before ours (torch.compile's
+    worker pool took 1-1.5 s on an H100 machine). A loop on a thread the interpreter
+    joins at exit is left to finish."""
+    import json
+
+    from tests.scripts.harness import instrumented, otel_env, run
+
+    summary_file = tmp_path / "summary.json"
+    args = ["--exit-work-s", "0.6"] + (["--thread"] if on_thread else [])
+    env = otel_env(None, tmp_path, OTEL_TRAINING_HARDWARE="false", OTEL_TRACES_EXPORTER="none",
+                   OTEL_METRICS_EXPORTER="none", OTEL_TRAINING_SUMMARY_FILE=str(summary_file))
+    r = run(instrumented("exit_work.py", *args), env)
+    assert r.wait() == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("LOOP ")]
+    assert lines, r.stdout
+    loop = json.loads(lines[0][len("LOOP "):])
+    train = json.loads(summary_file.read_text())["modes"]["train"]
+    assert train["steps"] == loop["steps"]
+    assert train["step_max_s"] < 0.3, f"the last step holds the exit work: {train['step_max_s']:.3f} s"
+    assert train["step_time_s"] == pytest.approx(loop["loop_s"], rel=0.10)
