@@ -137,3 +137,42 @@ def test_utilization_agrees_with_nvidia_smi_and_names_this_process(nvml, tmp_pat
     assert abs(ours[0] * 100 - smi_mean) <= 5, (ours[0] * 100, smi_mean, readings)
     mine = [(a, v) for a, v in got.get("process.gpu.utilization", []) if a["process.pid"] == os.getpid()]
     assert mine and all(0 < v <= 1 for _, v in mine), got.get("process.gpu.utilization")
+
+
+def test_the_agent_command_exports_real_gpu_gauges_over_otlp(nvml, tmp_path):
+    """``otel-training agent`` (the installed command, as a node runs it) over real OTLP:
+    every GPU NVML lists, with its UUID, model and index, real memory totals, a power
+    draw and a utilization share."""
+    import shutil
+    import subprocess
+
+    from tests.otlp_receiver import OTLPReceiver, attributes, data_points
+
+    command = shutil.which("otel-training", path=os.path.dirname(sys.executable)) or shutil.which("otel-training")
+    if command is None:
+        pytest.skip("the otel-training command is not installed here")
+    count = nvml.nvmlDeviceGetCount()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    totals = {nvml.nvmlDeviceGetUUID(h): nvml.nvmlDeviceGetMemoryInfo(h).total for h in handles}
+    with OTLPReceiver() as receiver:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        environ.update(TMPDIR=str(tmp_path), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                       OTEL_METRIC_EXPORT_INTERVAL="500")
+        proc = subprocess.run([command, "agent", "--interval", "0.2", "--duration", "3"], env=environ,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        last = {}
+        for resource, metric in receiver.metrics():
+            last[metric.name] = (resource, [(attributes(p.attributes), getattr(p, p.WhichOneof("value")))
+                                            for p in data_points(metric)])
+    for name in ("hw.gpu.utilization", "hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.gpu.power.draw",
+                 "hw.gpu.clock.sm", "system.cpu.utilization"):
+        assert name in last, f"no {name}: {sorted(last)}"
+    resource, limits = last["hw.gpu.memory.limit"]
+    assert resource["service.name"] == "otel-training-agent"
+    assert {a["hw.id"]: v for a, v in limits} == totals
+    for attrs, _ in limits:
+        assert attrs["hw.model"] == nvml.nvmlDeviceGetName(handles[attrs["gpu.index"]])
+        assert attrs["host.name"] == resource["host.name"]
+    assert all(0.0 <= v <= 1.0 for _, v in last["hw.gpu.utilization"][1])
+    assert all(v > 0 for _, v in last["hw.gpu.power.draw"][1]) and all(v > 0 for _, v in last["hw.gpu.clock.sm"][1])
