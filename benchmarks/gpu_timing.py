@@ -1,16 +1,22 @@
 """GPU timing modes side by side: ``off`` vs ``events`` vs ``sync`` (CUDA only).
 
-Two loops, each run in every mode, rounds interleaved in one process:
+Loops, each run in every mode, rounds interleaved in one process:
 
 * ``gpu-bound``: a wide MLP, batches already pinned, ``loss.item()`` every step;
-* ``data-bound``: a smaller MLP fed by a Dataset that sleeps (2 workers).
+* ``data-bound``: a smaller MLP fed by a Dataset that sleeps (2 workers);
+* ``gpt``: nanoGPT's model at GPT-2-small width (6 layers, T=256), bf16 autocast,
+  fused AdamW, gradient clipping, pinned batches, ``loss.item()`` every step;
+* ``gpt-compiled``: the same under ``torch.compile``.
 
-Reported: per-step wall time (median over rounds of each run's median) and its ratio
-to ``off``; per-phase GPU-synchronized durations of ``events`` against ``sync``
-(relative difference, phases >= 1 ms); GPU idle per step by phase. Targets: events
-<= 1.01 x off; events within 5% of sync for phases >= 1 ms; sync's cost is reported.
+Modes: ``plain`` (not instrumented), ``off``/``events``/``sync`` (the GPU timing
+modes, hardware sampling off) and ``default`` (the shipped configuration: timing
+``auto``, hardware sampling on). Reported: per-step wall time (median over rounds of
+each run's median) and its ratio to ``off`` and to ``plain``; per-phase
+GPU-synchronized durations of ``events`` against ``sync`` (relative difference, phases
+>= 1 ms); GPU idle per step by phase. Targets: events <= 1.01 x off; default <= 1.01
+x plain on the GPU-bound loops; events within 5% of sync for phases >= 1 ms.
 
-    .venv/bin/python benchmarks/gpu_timing.py [--rounds 5] [--steps 40] [--via instrumentor|timers]
+    .venv/bin/python benchmarks/gpu_timing.py [--rounds 5] [--steps 40] [--loops gpu-bound,gpt]
 
 ``--via instrumentor`` (default) runs the real instrumentation (``TrainingInstrumentor``
 with in-memory exporters) and reads the ``training.phase.duration`` and
@@ -34,10 +40,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODES = ("off", "events", "sync")
+MODES = ("off", "events", "sync", "default")
+GPU_BOUND = ("gpu-bound", "gpt", "gpt-compiled")
 TARGET_EVENTS_COST = 1.01
+TARGET_DEFAULT_COST = 1.01  # the shipped configuration against an uninstrumented loop
 TARGET_DURATION_DIFF = 0.05
 MIN_PHASE_S = 1e-3
+GPT_BATCH = 16  # --gpt-batch: sequences of 256 tokens per step
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -48,6 +57,8 @@ def _make_loop(kind: str, device: str = "cuda"):
     from torch.utils.data import DataLoader, Dataset
 
     torch.manual_seed(0)
+    if kind.startswith("gpt"):
+        return _make_gpt_loop(kind, device)
     if kind == "gpu-bound":
         width, depth, batch, sleep_s, workers = 4096, 8, 1024, 0.0, 0
     else:
@@ -81,14 +92,65 @@ def _make_loop(kind: str, device: str = "cuda"):
     loss_fn = nn.CrossEntropyLoss()
     loader = DataLoader(Batches(), batch_size=None, num_workers=workers, pin_memory=pin and bool(workers),
                         persistent_workers=bool(workers), prefetch_factor=2 if workers else None)
-    return model, opt, loss_fn, loader, device
+
+    def step_loss(x, y):
+        return loss_fn(model(x), y)
+
+    def update():
+        opt.step()
+
+    return model, opt, step_loss, update, loader, device
+
+
+def _make_gpt_loop(kind: str, device: str):
+    """nanoGPT's train.py step on its model (tests/gpt_model.py), bf16 autocast."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from tests.gpt_model import GPT, GPTConfig
+
+    if device == "cuda":
+        cfg, batch = GPTConfig(block_size=256, vocab_size=50304, n_layer=6, n_head=12, n_embd=768), GPT_BATCH
+    else:
+        cfg, batch = GPTConfig(), 4
+    pin = device == "cuda"
+
+    class Tokens(Dataset):
+        def __init__(self):
+            x = torch.randint(cfg.vocab_size, (batch, cfg.block_size))
+            y = torch.randint(cfg.vocab_size, (batch, cfg.block_size))
+            self.x, self.y = (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+        def __len__(self):
+            return 10**9
+
+        def __getitem__(self, i):
+            return self.x, self.y
+
+    model = GPT(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device == "cuda")
+    run = torch.compile(model) if kind == "gpt-compiled" else model
+    dtype = torch.bfloat16
+
+    def step_loss(x, y):
+        with torch.autocast(device_type="cuda" if device == "cuda" else "cpu", dtype=dtype):
+            _, loss = run(x, y)
+        return loss
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    loader = DataLoader(Tokens(), batch_size=None, num_workers=0)
+    return model, opt, step_loss, update, loader, device
 
 
 def _train(loop, steps: int, warmup: int, phase=None, after_warmup=None) -> list:
     """Run ``warmup + steps`` steps; per-step wall times (s) of the last ``steps``.
     ``phase``: a context-manager factory marking phases (the direct-timer path);
     ``after_warmup``: called between the warm-up and the measured steps (untimed)."""
-    model, opt, loss_fn, loader, device = loop
+    model, opt, step_loss, update, loader, device = loop
     ph = phase or (lambda name: contextlib.nullcontext())
     walls = []
     it = iter(loader)
@@ -102,12 +164,12 @@ def _train(loop, steps: int, warmup: int, phase=None, after_warmup=None) -> list
         with ph("to_device"):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with ph("forward"):
-            loss = loss_fn(model(x), y)
+            loss = step_loss(x, y)
         with ph("backward"):
             opt.zero_grad(set_to_none=True)
             loss.backward()
         with ph("optimizer_step"):
-            opt.step()
+            update()
         with ph("from_device"):
             loss.item()
         now = time.perf_counter()
@@ -151,8 +213,11 @@ def run_instrumented(loop, mode: str, steps: int, warmup: int) -> dict:
 
     if mode == "plain":
         return {"walls": _train(loop, steps, warmup)}
-    config = dataclasses.replace(load_config({}), gpu_timing=mode, hardware=False, summary=False,
-                                 summary_file=None, integrations=())
+    if mode == "default":  # as shipped, but no run-end table or file
+        config = dataclasses.replace(load_config({}), summary=False, summary_file=None)
+    else:
+        config = dataclasses.replace(load_config({}), gpu_timing=mode, hardware=False, summary=False,
+                                     summary_file=None, integrations=())
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     reader = InMemoryMetricReader()
@@ -253,7 +318,7 @@ def run_direct(loop, mode: str, steps: int, warmup: int) -> dict:
 
     if mode == "plain":
         return {"walls": _train(loop, steps, warmup)}
-    timer = make_timer(mode)
+    timer = make_timer("auto" if mode == "default" else mode)
     harness = DirectHarness(timer)
 
     def after_warmup():
@@ -276,16 +341,20 @@ def run_direct(loop, mode: str, steps: int, warmup: int) -> dict:
 # -- report -------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
+    global GPT_BATCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--via", choices=("instrumentor", "timers"), default="instrumentor")
-    parser.add_argument("--loops", default="gpu-bound,data-bound")
+    parser.add_argument("--loops", default="gpu-bound,data-bound,gpt,gpt-compiled")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--gpt-batch", type=int, default=GPT_BATCH,
+                        help="sequences per step of the gpt loops (64: GPU-bound on an H100)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny loops on the CPU: checks this harness only (timing falls back to off)")
     args = parser.parse_args(argv)
+    GPT_BATCH = args.gpt_batch
 
     try:
         import torch
@@ -311,31 +380,42 @@ def main(argv=None) -> int:
             for mode in order:
                 runs[mode].append(run(loop, mode, args.steps, args.warmup))
         results[kind] = runs
+        if kind == "gpt-compiled":
+            from torch._dynamo.utils import counters
+
+            graphs = dict(counters["stats"])
+            print(f"gpt-compiled: dynamo {graphs} (a recompile per instrument/uninstrument would show here)")
         del loop
         if device == "cuda":
             torch.cuda.empty_cache()
 
     misses = 0
-    print(f"\n{'loop':<11} {'mode':<7} {'ms/step':>8} {'vs off':>7}")
+    print(f"\n{'loop':<12} {'mode':<7} {'ms/step':>8} {'vs off':>7} {'vs plain':>8}")
     summary = {}
     for kind, runs in results.items():
         wall = {m: statistics.median(statistics.median(x["walls"]) for x in runs[m]) for m in modes}
         for m in modes:
-            ratio = wall[m] / wall["off"]
+            ratio, vs_plain = wall[m] / wall["off"], wall[m] / wall["plain"]
             note = ""
             if m == "events":
                 ok = ratio <= TARGET_EVENTS_COST
                 misses += not ok
-                note = f"  target <= {TARGET_EVENTS_COST:.2f}: {'ok' if ok else 'MISS'}"
+                note = f"  target <= {TARGET_EVENTS_COST:.2f} x off: {'ok' if ok else 'MISS'}"
+            elif m == "default" and kind in GPU_BOUND:
+                ok = vs_plain <= TARGET_DEFAULT_COST
+                misses += not ok
+                note = f"  target <= {TARGET_DEFAULT_COST:.2f} x plain: {'ok' if ok else 'MISS'}"
             elif m == "sync":
                 note = f"  sync costs {100 * (ratio - 1):+.1f}%"
-            print(f"{kind:<11} {m:<7} {1e3 * wall[m]:8.2f} {ratio:7.3f}{note}")
+            print(f"{kind:<12} {m:<7} {1e3 * wall[m]:8.2f} {ratio:7.3f} {vs_plain:8.3f}{note}")
         summary[kind] = {"ms_per_step": {m: 1e3 * wall[m] for m in modes},
+                         "quartiles_ms": {m: [1e3 * q for q in statistics.quantiles(
+                             [w for x in runs[m] for w in x["walls"]], n=4)] for m in modes},
                          "timing": {m: runs[m][0].get("timing") for m in MODES}}
 
     print(f"\nphase durations, events vs sync (mean ms over rounds; phases >= {MIN_PHASE_S * 1e3:g} ms "
           f"must agree within {100 * TARGET_DURATION_DIFF:g}%)")
-    print(f"{'loop':<11} {'phase':<30} {'events':>8} {'sync':>8} {'diff':>7}")
+    print(f"{'loop':<12} {'phase':<30} {'events':>8} {'sync':>8} {'diff':>7}")
     for kind, runs in results.items():
         names = sorted(set().union(*(x["phases"] for x in runs["events"] + runs["sync"])))
         summary[kind]["phases"] = {}
@@ -347,7 +427,7 @@ def main(argv=None) -> int:
             ok = not judged or abs(diff) <= TARGET_DURATION_DIFF
             misses += not ok
             flag = ("ok" if ok else "MISS") if judged else "(< 1 ms)"
-            print(f"{kind:<11} {name:<30} {1e3 * ev:8.3f} {1e3 * sy:8.3f} {100 * diff:+6.1f}%  {flag}")
+            print(f"{kind:<12} {name:<30} {1e3 * ev:8.3f} {1e3 * sy:8.3f} {100 * diff:+6.1f}%  {flag}")
             summary[kind]["phases"][name] = {"events_ms": 1e3 * ev, "sync_ms": 1e3 * sy, "diff": diff}
 
     print("\nGPU idle per step by phase (ms; events | sync)")
@@ -359,7 +439,7 @@ def main(argv=None) -> int:
             sy = statistics.mean(x["idle"].get(name, 0.0) for x in runs["sync"])
             cells.append(f"{name} {1e3 * ev:.2f} | {1e3 * sy:.2f}")
             summary[kind].setdefault("idle_ms", {})[name] = {"events": 1e3 * ev, "sync": 1e3 * sy}
-        print(f"{kind:<11} " + ("; ".join(cells) or "none"))
+        print(f"{kind:<12} " + ("; ".join(cells) or "none"))
 
     if args.smoke:
         print("\nsmoke test on the CPU: timing fell back to off, the figures mean nothing")
