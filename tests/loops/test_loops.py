@@ -62,6 +62,9 @@ COVERAGE_MIN = 0.95  # steps cover at least 95% of the loop's own wall time (les
 UNPLANTED_WORK_S = 0.005
 OUTSIDE_ALLOWANCE_S = 0.005  # unplanted time between steps per DataLoader loop end (StopIteration, ...)
 MISSING = object()
+# The self-check's low_coverage fires under 90% inside steps; a script that spent this
+# share of its loop between steps (by its own clock) may see it, rightly.
+LOW_COVERAGE_NEAR = 0.09
 
 
 # -- running the scripts (once per session, a small pool) ------------------------------
@@ -285,11 +288,22 @@ def test_outside_time(loop):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_self_check_silent(loop):
+    """Step detection is right in every shape, so the self-check says nothing -- except
+    ``low_coverage`` where the script itself spent near or over 10% of its loop between
+    steps (its epoch-end work, measured): that finding is then what its spec says
+    (docs/steps.md), however the loop's steps were detected. (On a loaded 2-core CI
+    machine one ``fabric_accumulate`` run spent 0.31 s in its epoch-end code, 24% of its
+    loop.)"""
     summary = _summary(loop)
-    findings = _get(summary, "self_check")
-    assert findings == [], f"{loop.name}: the step-detection self-check fired: {findings}"
-    lines = loop.step_detection_lines()
-    assert not lines, f"{loop.name}: stderr says: {lines}"
+    truth = _truth(loop)
+    between = _outside_total(truth) / truth["loop_wall_s"] if truth["loop_wall_s"] > 0 else 0.0
+    findings = [f for f in _get(summary, "self_check")
+                if not (f.get("kind") == "low_coverage" and between >= LOW_COVERAGE_NEAR)]
+    assert findings == [], (f"{loop.name}: the step-detection self-check fired: {findings} (the script spent "
+                            f"{between:.1%} of its loop between steps)")
+    if len(findings) == len(_get(summary, "self_check")):
+        lines = loop.step_detection_lines()
+        assert not lines, f"{loop.name}: stderr says: {lines}"
 
 
 # -- negative shapes: the self-check must fire -----------------------------------------
