@@ -365,12 +365,12 @@ def test_package_imports_and_falls_back_without_torch():
 
 # -- the benchmark ---------------------------------------------------------------------------
 
-def _bench(*args):
+def _bench(*args, script="gpu_timing.py"):
     import os
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_timing.py"), *args],
+    return subprocess.run([sys.executable, str(root / "benchmarks" / script), *args],
                           capture_output=True, text=True, timeout=300, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root)})
 
@@ -388,10 +388,31 @@ def test_benchmark_without_cuda_prints_one_line_and_exits_0():
 @pytest.mark.slow
 @pytest.mark.parametrize("via", ["instrumentor", "timers"])
 def test_benchmark_harness_smoke_on_cpu(via):
+    import re
+
     out = _bench("--smoke", "--via", via, "--rounds", "1", "--steps", "3", "--warmup", "2",
-                 "--loops", "gpu-bound")
+                 "--loops", "gpu-bound,gpt")
     assert out.returncode == 0, out.stderr
-    assert "gpu-bound   events" in out.stdout and "forward" in out.stdout
+    for loop in ("gpu-bound", "gpt"):
+        for mode in ("plain", "off", "events", "sync", "default"):
+            assert re.search(rf"^{loop}\s+{mode}\s+\d", out.stdout, re.M), (loop, mode, out.stdout)
+        assert re.search(rf"^{loop}\s+(train_batch|step)/forward\s", out.stdout, re.M), out.stdout
+
+
+@pytest.mark.slow
+def test_profiler_benchmark_smoke_on_cpu():
+    """The kernel-timeline harness parses a real torch.profiler trace: on the CPU (no
+    kernels) the timeline is the host's, so every phase agrees with its annotation."""
+    import re
+
+    out = _bench("--smoke", "--steps", "4", "--warmup", "1", "--loops", "gpt", "--modes", "events",
+                 script="gpu_timing_profiler.py")
+    assert out.returncode == 0, out.stderr
+    for phase in ("forward", "backward", "optimizer_step"):
+        row = re.search(rf"^gpt\s+off\s+{phase}\s+([\d.]+)\s+([\d.]+)\s", out.stdout, re.M)
+        assert row, out.stdout
+        measured, timeline = map(float, row.groups())
+        assert measured > 0 and timeline == pytest.approx(measured, rel=0.5), row.group(0)
 
 
 def test_a_timer_waiting_for_cuda_is_asked_once_a_step_not_at_every_boundary():
