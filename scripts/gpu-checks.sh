@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU check in one command, on a CUDA machine: the gpu-marked tests, the GPU timing
-# benchmark, the per-step costs (CUDA allocator reads), the ~1 ms overhead ratio and the demo
-# on CUDA. Logs go to $OUT (default ./gpu-checks); the last lines are a short summary.
+# benchmark, each timing mode against the kernel timeline (profiler), the per-step costs
+# (CUDA allocator reads), the ~1 ms overhead ratio and the demo on CUDA. Logs go to $OUT
+# (default ./gpu-checks); the last lines are a short summary.
 #
 #     bash scripts/gpu-checks.sh            # uses .venv/bin/python when there, else python3
-#     PY=python3 bash scripts/gpu-checks.sh tests timing   # a subset: tests timing costs overhead demo
+#     PY=python3 bash scripts/gpu-checks.sh tests timing   # a subset: tests timing profiler costs overhead demo
 #
-# Each step has a time limit in seconds (TESTS_S, TIMING_S, COSTS_S, OVERHEAD_S, DEMO_S) so
+# Each step has a time limit in seconds (TESTS_S, TIMING_S, PROFILER_S, COSTS_S, OVERHEAD_S, DEMO_S) so
 # that one slow step cannot take a lent machine's whole slot; TIMING_ARGS goes to
 # benchmarks/gpu_timing.py (e.g. "--rounds 10 --loops gpt,gpt-compiled").
 # On an image whose torch is older than our floor (the lent machines had 2.11), lower the
@@ -18,7 +19,7 @@ PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${OUT:-$PWD/gpu-checks}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-steps=${*:-tests timing costs overhead demo}
+steps=${*:-tests timing profiler costs overhead demo}
 declare -A rc
 
 {
@@ -39,10 +40,11 @@ for step in $steps; do
   case $step in
     tests) run tests "${TESTS_S:-300}" "$PY" -m pytest -m gpu -q -rsfP --durations=8 -p no:cacheprovider tests ;;
     timing) run timing "${TIMING_S:-300}" "$PY" benchmarks/gpu_timing.py --json "$OUT/timing.json" ${TIMING_ARGS:-} ;;
+    profiler) run profiler "${PROFILER_S:-120}" "$PY" benchmarks/gpu_timing_profiler.py --json "$OUT/profiler.json" ;;
     costs) run costs "${COSTS_S:-60}" "$PY" benchmarks/step_costs.py ;;
     overhead) run overhead "${OVERHEAD_S:-300}" "$PY" benchmarks/overhead.py ;;
     demo) run demo "${DEMO_S:-180}" "$PY" -m otel_training.cli demo --device cuda --html "$OUT/demo.html" ;;
-    *) echo "unknown step: $step (tests timing costs overhead demo)" >&2; exit 2 ;;
+    *) echo "unknown step: $step (tests timing profiler costs overhead demo)" >&2; exit 2 ;;
   esac
 done
 
