@@ -17,6 +17,7 @@ import torch
 
 from otel_training import semconv as sc
 from otel_training.handles import Handles
+from otel_training.record.foreign_loaders import ForeignLoaders
 from otel_training.record.loop_wrappers import LoopWrappers
 
 _FROM_DEVICE_METHODS = ("item", "cpu", "tolist", "numpy")
@@ -42,6 +43,7 @@ def install_torch_hooks(tracker: Any, handles: Handles, on_error: Callable) -> N
     """Install all non-module hooks; each patch and torch hook goes to ``handles``."""
     patcher = handles
     wrappers = handles.add(LoopWrappers(tracker, on_error).install())
+    handles.add(ForeignLoaders(tracker, on_error).install())  # Grain: its iterators timed like DataLoaders'
     watched_loops = wrappers.frames
 
     def phase_wrapper(

@@ -1,0 +1,153 @@
+"""Loaders that are not torch DataLoaders, timed as one: Grain.
+
+torchtitan feeds its trainer from a Grain pipeline (``GrainDataLoader``: an
+``IterDataset`` batched, collated and prefetched on a thread), and Grain is JAX's
+loader too. No torch hook sees its ``next()``: the wait for a batch was the previous
+step's untracked time, with no ``dataloader_next`` phase, no samples or tokens, and
+the verdict blind to a data-bound run.
+
+Every iterator a user makes of a Grain pipeline comes from one place: Grain injects an
+``_OutputIterDataset`` at the end of each pipeline and iterates through it (the legacy
+``grain.python.DataLoader`` has its own ``__iter__``). Made on the training thread, the
+iterator is handed back behind a transparent proxy whose ``next()`` the tracker times
+exactly as a DataLoader iterator's ``__next__`` (docs/steps.md); Grain's own state,
+checkpoint and ``close()`` methods pass through. Iterators made elsewhere (Grain's
+prefetch threads and worker processes) are left alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import wrapt
+
+from otel_training import semconv as sc
+from otel_training.handles import Handles
+
+# module -> (class, method) pairs whose call makes the iterator a user's loop reads
+KNOWN: dict[str, tuple[tuple[str, str], ...]] = {
+    "grain._src.python.dataset.dataset": (("_OutputIterDataset", "__iter__"),),
+    "grain._src.python.data_loader": (("DataLoader", "__iter__"),),
+}
+_lock = threading.Lock()
+_registered: set[str] = set()  # modules with a post-import hook (wrapt cannot remove one)
+_current: ForeignLoaders | None = None  # the instance the hooks patch for, while installed
+
+
+class ForeignLoaders:
+    """Times the iterators of non-torch loaders on the training thread."""
+
+    def __init__(self, tracker: Any, on_error: Callable[[str, BaseException], None]) -> None:
+        self._tracker = tracker
+        self._on_error = on_error
+        self._patches = Handles()
+        self._patched: set[str] = set()
+
+    def install(self) -> ForeignLoaders:
+        global _current
+        with _lock:
+            _current = self
+            for name in KNOWN:
+                if name not in _registered:
+                    _registered.add(name)
+                    wrapt.register_post_import_hook(_on_import, name)  # at once if imported
+                elif name in sys.modules:  # hooked in an earlier install: patch now
+                    self.patch(sys.modules[name])
+        return self
+
+    def remove(self) -> None:
+        global _current
+        with _lock:
+            if _current is self:
+                _current = None
+        self._patches.remove()
+        self._patched.clear()
+
+    def patch(self, module: Any) -> None:
+        if module.__name__ in self._patched:
+            return
+        self._patched.add(module.__name__)
+        for cls_name, method in KNOWN.get(module.__name__, ()):
+            cls = getattr(module, cls_name, None)
+            if isinstance(cls, type) and method in cls.__dict__:
+                self._patches.wrap(cls, method, self._iter)
+
+    # -- the user's iterator --------------------------------------------------------------
+    def _iter(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        tracker = self._tracker
+        started = None
+        try:
+            if tracker.on_training_thread():
+                started = tracker.loader_iter_begin()
+        except Exception as exc:  # our bug: never the user's problem
+            self._on_error("dataloader", exc)
+        it = wrapped(*args, **kwargs)
+        if started is None or isinstance(it, TimedIterator):
+            return it
+        try:
+            return TimedIterator(it, self, started + (tracker.now(),))
+        except Exception as exc:
+            self._on_error("dataloader", exc)
+            return it
+
+    def next(self, proxy: TimedIterator) -> Any:
+        """``next(proxy)``: the wrapped iterator's next batch, timed as a DataLoader's."""
+        tracker = self._tracker
+        recording = False
+        try:
+            if tracker.on_training_thread():
+                started, proxy._self_started = proxy._self_started, None
+                recording = tracker.loader_next_begin(proxy, started)
+        except Exception as exc:
+            self._on_error("dataloader", exc)
+        if not recording:
+            return next(proxy.__wrapped__)
+        try:
+            batch = next(proxy.__wrapped__)
+        except StopIteration:
+            try:
+                tracker.loader_stopped(False)
+            except Exception as exc:
+                self._on_error("dataloader", exc)
+            raise
+        except BaseException as exc:
+            try:
+                tracker.record_error(exc)
+                tracker.end_phase(sc.PHASE_DATALOADER_NEXT)
+            except Exception as exc2:
+                self._on_error("dataloader", exc2)
+            raise
+        try:
+            tracker.loader_next_end(batch)
+        except Exception as exc:
+            self._on_error("dataloader", exc)
+        return batch
+
+
+class TimedIterator(wrapt.ObjectProxy):
+    """A loader's iterator as the user's loop holds it: everything passes through to
+    the iterator but ``next()``, which the tracker times."""
+
+    def __init__(self, wrapped: Any, loaders: ForeignLoaders, started: tuple | None) -> None:
+        super().__init__(wrapped)
+        self._self_loaders = loaders
+        self._self_started = started
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._self_loaders.next(self)
+
+
+def _on_import(module: Any) -> None:
+    loaders = _current
+    if loaders is None:
+        return
+    try:
+        loaders.patch(module)
+    except Exception as exc:  # never break the user's import
+        loaders._on_error("dataloader", exc)
