@@ -137,3 +137,29 @@ def test_a_finite_grain_loop_ends_like_a_dataloader_loop(instrumented):
     assert [s.mode for s in tel.steps()] == ["train"] * 6
     coverage = tel.runtime.summary_dict()["coverage"]
     assert coverage["outside_s"] == pytest.approx(0.05, abs=0.02)
+
+
+def test_the_legacy_grain_dataloader_is_timed_too(instrumented):
+    """``grain.python.DataLoader`` (a data source, an IndexSampler, operations): one
+    ``dataloader_next`` per step, and its end is the loop's."""
+
+    class Source:
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return np.full(8, i, dtype=np.float32)
+
+    loader = grain.DataLoader(
+        data_source=Source(),
+        sampler=grain.IndexSampler(24, shard_options=grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+        operations=[grain.Batch(4)], worker_count=0)
+    tel = instrumented()
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in loader:
+        _one_step(model, opt, torch.as_tensor(x))
+    tel.uninstrument()
+    steps = tel.steps()
+    assert [len(s.named("dataloader_next")) for s in steps] == [1] * 6
+    assert [s.attributes.get("training.batch_size") for s in steps] == [4] * 6
