@@ -140,8 +140,8 @@ def test_a_finite_grain_loop_ends_like_a_dataloader_loop(instrumented):
 
 
 def test_the_legacy_grain_dataloader_is_timed_too(instrumented):
-    """``grain.python.DataLoader`` (a data source, an IndexSampler, operations): one
-    ``dataloader_next`` per step, and its end is the loop's."""
+    """``grain.python.DataLoader`` (a data source, an IndexSampler, operations) iterates
+    a pipeline of its own through the same place: one ``dataloader_next`` per step."""
 
     class Source:
         def __len__(self):

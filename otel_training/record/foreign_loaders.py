@@ -8,7 +8,7 @@ the verdict blind to a data-bound run.
 
 Every iterator a user makes of a Grain pipeline comes from one place: Grain injects an
 ``_OutputIterDataset`` at the end of each pipeline and iterates through it (the legacy
-``grain.python.DataLoader`` has its own ``__iter__``). Made on the training thread, the
+``grain.python.DataLoader`` too, on the caller's thread). Made on the training thread, the
 iterator is handed back behind a transparent proxy whose ``next()`` the tracker times
 exactly as a DataLoader iterator's ``__next__`` (docs/steps.md); Grain's own state,
 checkpoint and ``close()`` methods pass through. Iterators made elsewhere (Grain's
@@ -28,9 +28,9 @@ from otel_training import semconv as sc
 from otel_training.handles import Handles
 
 # module -> (class, method) pairs whose call makes the iterator a user's loop reads
+# (the legacy ``grain.python.DataLoader`` iterates a pipeline of its own through the same)
 KNOWN: dict[str, tuple[tuple[str, str], ...]] = {
     "grain._src.python.dataset.dataset": (("_OutputIterDataset", "__iter__"),),
-    "grain._src.python.data_loader": (("DataLoader", "__iter__"),),
 }
 _lock = threading.Lock()
 _registered: set[str] = set()  # modules with a post-import hook (wrapt cannot remove one)
