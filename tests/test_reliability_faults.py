@@ -8,6 +8,7 @@ import inspect
 import sys
 import traceback
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,13 @@ ENTRY_POINTS = [
     ("otel_training.record.torch_hooks", "next_wrapper", "loader_next_begin"),
     ("otel_training.record.torch_hooks", "next_wrapper", "loader_next_end"),
     ("otel_training.record.torch_hooks", "next_wrapper", "loader_stopped"),
+    ("otel_training.record.foreign_loaders", "_iter", "on_training_thread"),  # a Grain pipeline
+    ("otel_training.record.foreign_loaders", "_iter", "loader_iter_begin"),
+    ("otel_training.record.foreign_loaders", "_iter", "now"),
+    ("otel_training.record.foreign_loaders", "next", "on_training_thread"),
+    ("otel_training.record.foreign_loaders", "next", "loader_next_begin"),
+    ("otel_training.record.foreign_loaders", "next", "loader_next_end"),
+    ("otel_training.record.foreign_loaders", "next", "loader_stopped"),
     ("otel_training.record.torch_hooks", "opt_pre", "optimizer_pre"),
     ("otel_training.record.torch_hooks", "opt_post", "optimizer_post"),
     ("otel_training.record.torch_hooks", "<lambda>", "begin_phase"),  # LR schedulers, .item()
@@ -72,15 +80,32 @@ class UserError(Exception):
     """The user's own failure."""
 
 
+def _grain_batches():
+    """A finite Grain pipeline of (x, y) batches (torchtitan's loader library)."""
+    import grain.python as grain
+
+    g = torch.Generator().manual_seed(1)
+    rows = [(torch.randn(8, generator=g).numpy(), int(i % 2)) for i in range(16)]
+    return grain.MapDataset.source(rows).to_iter_dataset().batch(
+        8, batch_fn=lambda b: (torch.as_tensor(np.stack([r[0] for r in b])), torch.tensor([r[1] for r in b])))
+
+
 def training_loop():
-    """Everything our hooks wrap: DataLoader, forward, backward, optimizer, LR
-    scheduler, device-to-host reads, the manual API. Returns losses and weights."""
+    """Everything our hooks wrap: DataLoader, a Grain pipeline, forward, backward,
+    optimizer, LR scheduler, device-to-host reads, the manual API. Returns losses and
+    weights."""
     torch.manual_seed(0)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
     loader = DataLoader(make_dataset(32), batch_size=8)
     losses = []
+    for x, y in _grain_batches():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
     for _ in range(2):
         for x, y in loader:
             with otel_training.phase("augment"):
@@ -172,7 +197,7 @@ def test_a_fault_in_a_consumer_is_contained_and_the_others_still_get_every_step(
     assert fired and tel.runtime.telemetry.errors["pipeline"] >= 1
     if consumer != "summary":
         train = tel.runtime.summary_dict()["modes"]["train"]
-        assert train["steps"] == 9  # 2 epochs of 4 steps, and the manual one
+        assert train["steps"] == 11  # 2 Grain batches, 2 epochs of 4 steps, and the manual one
         assert {p["name"] for p in train["phases"]} >= {"dataloader_next", "forward", "augment"}
     if consumer != "spans":
         assert tel.spans(), "spans stopped with another consumer's fault"
