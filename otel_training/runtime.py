@@ -377,6 +377,7 @@ class Runtime:
         summary = self.pipeline.summary.to_dict(self.telemetry.as_dict())
         coverage = self.pipeline.coverage
         summary["step_boundary"] = self.config.step_boundary
+        summary["loaders"] = sorted(self.tracker.loaders)  # which advice fits a data-bound run
         summary["coverage"] = coverage.to_dict(self._started_ns)
         summary["self_check"] = coverage.self_check()
         self.perf.summarize(summary)

@@ -66,8 +66,16 @@ def test_a_grain_iterators_wait_is_dataloader_next_of_the_step_using_the_batch(i
     for got, want in zip(measured[1:], waits[1:]):
         assert got == pytest.approx(want, rel=0.10, abs=5e-4)
     assert [s.attributes.get("training.batch_size") for s in steps] == [4] * 8
-    summary = tel.runtime.summary_dict()["modes"]["train"]
-    assert summary["samples"] == 32
+    summary = tel.runtime.summary_dict()
+    assert summary["modes"]["train"]["samples"] == 32
+    assert summary["loaders"] == ["grain"]
+    # data-bound: the verdict's fixes are Grain's, not a DataLoader's
+    from otel_training.cli.verdict import diagnose
+
+    finding = diagnose(summary)[0]
+    assert finding.kind == "data_loading", finding
+    assert any("ReadOptions" in a for a in finding.advice)
+    assert not any("DataLoader" in a or "persistent_workers" in a for a in finding.advice), finding.advice
 
 
 def _one_step(model, opt, x) -> None:

@@ -33,6 +33,20 @@ def test_data_loading_bound_ranks_first_with_worker_advice():
     text = " ".join(f[0].advice)
     for word in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "cache"):
         assert word in text
+
+
+def test_data_loading_advice_follows_the_loader_that_drove_the_run():
+    """A run fed by a Grain pipeline (torchtitan) gets Grain's fixes; one fed by both
+    kinds gets both; a summary without ``loaders`` (older files, Prometheus) the
+    DataLoader's."""
+    base = {"dataloader_next": 0.55, "train_batch": 0.35, "untracked": 0.10}
+    grain = " ".join(diagnose({**_summary(base), "loaders": ["grain"]})[0].advice)
+    assert "ReadOptions" in grain and "mp_prefetch" in grain and "persistent_workers" not in grain
+    both = " ".join(diagnose({**_summary(base), "loaders": ["grain", "torch"]})[0].advice)
+    assert "ReadOptions" in both and "persistent_workers" in both
+    for summary in (_summary(base), {**_summary(base), "loaders": ["torch"]}):
+        text = " ".join(diagnose(summary)[0].advice)
+        assert "persistent_workers" in text and "ReadOptions" not in text
     assert verdict_line(f).startswith("verdict: data-loading bound: ")
 
 

@@ -68,6 +68,34 @@ def _callback_label(name: str) -> str:
     return name[len(CALLBACK_PREFIX) :]
 
 
+_DATALOADER_ADVICE = [
+    "raise DataLoader num_workers (measure with `otel-training bench-data "
+    "MODULE:FACTORY` where adding workers stops helping)",
+    "set persistent_workers=True so workers survive between epochs, and raise "
+    "prefetch_factor (default 2) so batches queue up ahead of the step",
+    "pin_memory=True, so that copies can overlap with compute",
+    "make __getitem__ cheaper: pre-decode / resize the data once and cache it, "
+    "use a faster decoder, or move augmentation to the GPU",
+]
+_GRAIN_ADVICE = [
+    "Grain: raise ReadOptions(num_threads=...) for the reads, and the prefetch buffer "
+    "(ThreadPrefetchIterDataset's prefetch_buffer_size, torchtitan's num_prefetch_batches) "
+    "so batches queue up ahead of the step",
+    "Grain: move CPU-heavy map steps to worker processes (IterDataset.mp_prefetch with "
+    "MultiprocessingOptions(num_workers=...)): threads share the GIL with the training loop",
+    "make the per-record work cheaper: tokenize or decode once and cache it, or pack offline",
+]
+
+
+def _loader_advice(loaders) -> list[str]:
+    """The data-loading fixes for the loaders that drove the run (summary ``loaders``)."""
+    if "grain" in loaders and "torch" not in loaders:
+        return list(_GRAIN_ADVICE)
+    if "grain" in loaders:
+        return [*_DATALOADER_ADVICE[:2], *_GRAIN_ADVICE[:2]]
+    return list(_DATALOADER_ADVICE)
+
+
 def diagnose(summary: dict) -> list[Finding]:
     """Ranked findings for ``summary`` (never empty when a mode has steps)."""
     mode_name = pick_mode(summary)
@@ -104,15 +132,7 @@ def diagnose(summary: dict) -> list[Finding]:
                 dl,
                 "data-loading bound",
                 detail,
-                [
-                    "raise DataLoader num_workers (measure with `otel-training bench-data "
-                    "MODULE:FACTORY` where adding workers stops helping)",
-                    "set persistent_workers=True so workers survive between epochs, and raise "
-                    "prefetch_factor (default 2) so batches queue up ahead of the step",
-                    "pin_memory=True, so that copies can overlap with compute",
-                    "make __getitem__ cheaper: pre-decode / resize the data once and cache it, "
-                    "use a faster decoder, or move augmentation to the GPU",
-                ],
+                _loader_advice(summary.get("loaders") or ()),
                 phase=sc.PHASE_DATALOADER_NEXT,
             )
         )

@@ -81,7 +81,7 @@ class ForeignLoaders:
         started = None
         try:
             if tracker.on_training_thread():
-                started = tracker.loader_iter_begin()
+                started = tracker.loader_iter_begin("grain")
         except Exception as exc:  # our bug: never the user's problem
             self._on_error("dataloader", exc)
         it = wrapped(*args, **kwargs)

@@ -65,6 +65,9 @@ class Tracker(PhaseStack):
         self.driver = DRIVER_NONE
         self.thread: int | None = None  # the training thread's ident
         self.memory: Any = None  # a MemoryReader (record/memory.py): read at step ends, when due
+        # kinds of loader whose loops this thread began ("torch", "grain"); replaced, never
+        # mutated, so the summary reads it from another thread
+        self.loaders: frozenset[str] = frozenset()
         self._fetched: StepTimeline | None = None  # the piece of the last batch a DataLoader handed out
         self._source_id = 0  # id() of the DataLoader iterator that began the last piece, and
         self._source: Callable[[], Any] = _gone  # a weak reference to it
@@ -184,10 +187,13 @@ class Tracker(PhaseStack):
 
     # ------------------------------------------------------------------ phases
     # ---------------------------------------------------------- hook entry points
-    def loader_iter_begin(self) -> tuple:
-        """``DataLoader.__iter__`` entered: a new loop ends the open step (unless a
-        manual ``step()`` drives). Returns the instant, ``(token, ns)``, from which
-        the loop's first step counts (so worker start-up lands in its first wait)."""
+    def loader_iter_begin(self, kind: str = "torch") -> tuple:
+        """``DataLoader.__iter__`` entered (or another ``kind`` of loader's iterator
+        made): a new loop ends the open step (unless a manual ``step()`` drives).
+        Returns the instant, ``(token, ns)``, from which the loop's first step counts
+        (so worker start-up lands in its first wait)."""
+        if kind not in self.loaders:
+            self.loaders = self.loaders | {kind}
         token, now = self._stamp()
         step = self.step
         if step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
