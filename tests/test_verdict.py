@@ -33,6 +33,7 @@ def test_data_loading_bound_ranks_first_with_worker_advice():
     text = " ".join(f[0].advice)
     for word in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "cache"):
         assert word in text
+    assert verdict_line(f).startswith("verdict: data-loading bound: ")
 
 
 def test_data_loading_advice_follows_the_loader_that_drove_the_run():
@@ -47,7 +48,6 @@ def test_data_loading_advice_follows_the_loader_that_drove_the_run():
     for summary in (_summary(base), {**_summary(base), "loaders": ["torch"]}):
         text = " ".join(diagnose(summary)[0].advice)
         assert "persistent_workers" in text and "ReadOptions" not in text
-    assert verdict_line(f).startswith("verdict: data-loading bound: ")
 
 
 def test_gpu_bound_versus_launch_bound_depends_on_utilization():
