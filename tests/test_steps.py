@@ -700,6 +700,7 @@ def test_a_loop_left_with_break_after_a_fetch(instrumented):
     steps: the validation steps that follow do not absorb them."""
     import time
 
+    PLANTED = 0.15
     tel = instrumented(trace_every_n=1)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -714,16 +715,18 @@ def test_a_loop_left_with_break_after_a_fetch(instrumented):
             opt.step()
             opt.zero_grad()
         loss.item()  # on_train_epoch_end's log
-        time.sleep(0.03)  # fabric.save
+        time.sleep(PLANTED)  # fabric.save
         model.eval()
         with torch.no_grad():
             for x, _ in val:
                 model(x)
     tel.uninstrument()
     assert _modes(tel) == ["train", "train", "eval", "eval"] * 2
-    assert all(s.duration < 0.02 for s in tel.steps())
+    # no step holds the checkpoint (a step of this size takes a few ms; half the planted
+    # time leaves room for a loaded 2-core machine: 20 ms failed there once)
+    assert all(s.duration < PLANTED / 2 for s in tel.steps()), [round(s.duration, 4) for s in tel.steps()]
     coverage = _summary(tel)["coverage"]
-    assert coverage["gaps"] >= 2 and coverage["outside_s"] >= 0.06
+    assert coverage["gaps"] >= 2 and coverage["outside_s"] >= 2 * PLANTED
 
 
 @pytest.mark.slow
