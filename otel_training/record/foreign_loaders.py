@@ -17,8 +17,6 @@ prefetch threads and worker processes) are left alone.
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,15 +24,14 @@ import wrapt
 
 from otel_training import semconv as sc
 from otel_training.handles import Handles
+from otel_training.record.import_hooks import ModuleHooks
 
 # module -> (class, method) pairs whose call makes the iterator a user's loop reads
 # (the legacy ``grain.python.DataLoader`` iterates a pipeline of its own through the same)
 KNOWN: dict[str, tuple[tuple[str, str], ...]] = {
     "grain._src.python.dataset.dataset": (("_OutputIterDataset", "__iter__"),),
 }
-_lock = threading.Lock()
-_registered: set[str] = set()  # modules with a post-import hook (wrapt cannot remove one)
-_current: ForeignLoaders | None = None  # the instance the hooks patch for, while installed
+_HOOKS = ModuleHooks(KNOWN, "dataloader")
 
 
 class ForeignLoaders:
@@ -47,22 +44,11 @@ class ForeignLoaders:
         self._patched: set[str] = set()
 
     def install(self) -> ForeignLoaders:
-        global _current
-        with _lock:
-            _current = self
-            for name in KNOWN:
-                if name not in _registered:
-                    _registered.add(name)
-                    wrapt.register_post_import_hook(_on_import, name)  # at once if imported
-                elif name in sys.modules:  # hooked in an earlier install: patch now
-                    self.patch(sys.modules[name])
+        _HOOKS.install(self, self.patch, self._on_error)
         return self
 
     def remove(self) -> None:
-        global _current
-        with _lock:
-            if _current is self:
-                _current = None
+        _HOOKS.remove(self)
         self._patches.remove()
         self._patched.clear()
 
@@ -141,13 +127,3 @@ class TimedIterator(wrapt.ObjectProxy):
 
     def __next__(self) -> Any:
         return self._self_loaders.next(self)
-
-
-def _on_import(module: Any) -> None:
-    loaders = _current
-    if loaders is None:
-        return
-    try:
-        loaders.patch(module)
-    except Exception as exc:  # never break the user's import
-        loaders._on_error("dataloader", exc)

@@ -19,23 +19,18 @@ A plain pass-through generator ends right after its DataLoader: nothing changes 
 from __future__ import annotations
 
 import inspect
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import wrapt
-
 from otel_training.handles import Handles
+from otel_training.record.import_hooks import ModuleHooks
 
 # Wrappers known to iterate a DataLoader one batch ahead: watched from their first loop.
 KNOWN: dict[str, tuple[str, ...]] = {
     "accelerate.data_loader": ("DataLoaderShard", "DataLoaderDispatcher", "SkipDataLoader"),
     "timm.data.loader": ("PrefetchLoader",),
 }
-_lock = threading.Lock()
-_registered: set[str] = set()  # modules with a post-import hook (wrapt cannot remove one)
-_current: LoopWrappers | None = None  # the instance the hooks patch for, while installed
+_HOOKS = ModuleHooks(KNOWN, "dataloader")
 
 
 class LoopWrappers:
@@ -49,22 +44,11 @@ class LoopWrappers:
         self.frames: set[int] = set()  # id() of the frames of the watched loops running now
 
     def install(self) -> LoopWrappers:
-        global _current
-        with _lock:
-            _current = self
-            for name in KNOWN:
-                if name not in _registered:
-                    _registered.add(name)
-                    wrapt.register_post_import_hook(_on_import, name)  # at once if imported
-                elif name in sys.modules:  # hooked in an earlier install: patch now
-                    self.watch_known(sys.modules[name])
+        _HOOKS.install(self, self.watch_known, self._on_error)
         return self
 
     def remove(self) -> None:
-        global _current
-        with _lock:
-            if _current is self:
-                _current = None
+        _HOOKS.remove(self)
         self._patches.remove()
         self._classes.clear()
 
@@ -113,13 +97,3 @@ class LoopWrappers:
                 tracker.loop_ended()
         except Exception as exc:  # our bug: never the user's problem
             self._on_error("dataloader", exc)
-
-
-def _on_import(module: Any) -> None:
-    watcher = _current
-    if watcher is None:
-        return
-    try:
-        watcher.watch_known(module)
-    except Exception as exc:  # never break the user's import
-        watcher._on_error("dataloader", exc)
