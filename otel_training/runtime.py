@@ -58,19 +58,29 @@ def _ending_exception(final: bool) -> BaseException | None:
 
 
 _MAIN_IDENT = threading.main_thread().ident
+_main_end_hooked = False
 
 
-def _at_main_thread_end(callback) -> None:
-    """Call ``callback`` when the main thread's code has returned: threading's own exit
-    hook (``concurrent.futures`` uses it), which runs before any ``atexit`` handler.
-    Where this Python lacks it, the ``atexit`` handler ends the open step, as before."""
+def _hook_main_thread_end() -> None:
+    """Once per process: when the main thread's code has returned, the current runtime
+    hears of it (threading's own exit hook, which ``concurrent.futures`` uses too, runs
+    before any ``atexit`` handler). Where this Python lacks it, the ``atexit`` handler
+    ends the open step, as before."""
+    global _main_end_hooked
     register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - CPython has had it since 3.9
+    if _main_end_hooked or register is None:
         return
     try:
-        register(callback)
+        register(_main_thread_ended)
+        _main_end_hooked = True
     except RuntimeError:  # the interpreter is already shutting down
         pass
+
+
+def _main_thread_ended() -> None:
+    runtime = _CURRENT
+    if runtime is not None:
+        runtime._main_thread_ended()
 
 
 def current() -> Runtime | None:
@@ -203,7 +213,7 @@ class Runtime:
         self.active = True
         atexit.register(self.shutdown)
         handles.on_remove(lambda: atexit.unregister(self.shutdown), "atexit")
-        _at_main_thread_end(self._main_thread_ended)
+        _hook_main_thread_end()
         self._install_process_handlers()
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
             self._check_files()
