@@ -182,6 +182,9 @@ class SentShapes:
         if not step.tokens:
             step.tokens = ()  # type: ignore[assignment]
         step.optimizers = None
+        if step.shape_id is not None:  # a steady piece (record/steady.py): its number, no records
+            step.phases = ()  # type: ignore[assignment]
+            return
         ids = self._ids[step.saw_backward or step.saw_optimizer]
         shape = tuple(map(_SHAPE, phases))
         number = ids.get(shape)

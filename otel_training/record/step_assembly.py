@@ -68,6 +68,10 @@ class StepAssembler:
         self._sink = sink
 
     # -- what the tracker asks -----------------------------------------------------------
+    def idle(self) -> bool:
+        """Nothing held: a piece with its update is handed on as it is."""
+        return self._held is None and self._pending is None and self._prefix is None
+
     @property
     def per_backward(self) -> bool:
         """True when each backward pass is a step of its own (no optimizer)."""

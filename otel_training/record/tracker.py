@@ -22,6 +22,7 @@ from otel_training import semconv as sc
 from otel_training.record.batches import read_batch, read_inputs
 from otel_training.record.phase_stack import BATCH as _BATCH
 from otel_training.record.phase_stack import PhaseStack, grad_enabled
+from otel_training.record.steady import LEARN_AFTER, Steady
 from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline, has_work
 
@@ -71,6 +72,10 @@ class Tracker(PhaseStack):
         self._fetched: StepTimeline | None = None  # the piece of the last batch a DataLoader handed out
         self._source_id = 0  # id() of the DataLoader iterator that began the last piece, and
         self._source: Callable[[], Any] = _gone  # a weak reference to it
+        # A loop that repeats one piece is recorded by its clock readings (record/steady.py):
+        # DataLoader pieces opened before it learns the piece.
+        self._learn_in = LEARN_AFTER or -1
+        self.steady = Steady(self)
 
     # ------------------------------------------------------------------ basics
     def on_training_thread(self, bind: bool = False) -> bool:
@@ -91,6 +96,11 @@ class Tracker(PhaseStack):
         self.step = step
         if self.waiting_timer is not None:
             self.start_device_timing()
+        self._reset_piece_state()
+        return step
+
+    def _reset_piece_state(self) -> None:
+        """The state a new piece begins with (its phases, roots and optimizers)."""
         if self._stack:  # (a step that closed left them empty: no new lists each step)
             self._stack = []
         self._batch = None
@@ -101,7 +111,6 @@ class Tracker(PhaseStack):
         self._last_root = None
         if self._optimizers:
             self._optimizers = []
-        return step
 
     # ------------------------------------------------------------------ steps
     def start_step(self, driver: str = DRIVER_MANUAL, source: Any = None, epoch: int | None = None) -> None:
@@ -250,6 +259,9 @@ class Tracker(PhaseStack):
         step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))
         self._push(step, token, now)
         self._open(sc.PHASE_DATALOADER_NEXT, True, 0)
+        self._learn_in -= 1
+        if not self._learn_in:
+            self.steady.begin()
         return True
 
     def loader_next_end(self, batch: Any) -> None:
