@@ -31,6 +31,7 @@ class Perf:
         self.consumers: list = [self.trend]
         self.probe: Any = None
         self.reader: MemoryReader | None = None
+        self._facts: Callable[[], dict] | None = None
         try:
             from otel_training.export.throughput import perf_metrics
 
@@ -49,12 +50,16 @@ class Perf:
 
         self.probe = attach_flop_probe(assembler, submit, self.config, compiled)
         self.reader = tracker.memory = MemoryReader() if self.config.memory else None
+        self._facts = lambda: tracker.facts.to_dict(assembler.optimizers, compiled())
 
     def summarize(self, summary: dict) -> None:
-        """Add the ``memory`` section to a run summary."""
+        """Add the ``memory`` section and the ``run`` section (what the run already does,
+        record/run_facts.py) to a run summary."""
         memory = self.trend.to_dict()
         if memory is not None:
             summary["memory"] = memory
+        if self._facts is not None:
+            summary["run"] = self._facts()
 
     def close(self) -> None:
         """The run ended: a FLOP count still open is left, the memory file closed."""

@@ -205,6 +205,7 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
         for k in tel:
             tel[k] += int((s.get("telemetry") or {}).get(k) or 0)
     first = files[0][1]
+    ordered = sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0]))
     for mode, rows in ranks.items():
         modes[mode]["step_max_s"] = max((r["step_max_s"] or 0.0) for r in rows)
         if len(rows) == 1:
@@ -234,6 +235,9 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
             for _, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0]))
             if isinstance(s.get("timeseries"), dict) and s["timeseries"]
         ],
+        # what the run already does (the lowest rank's ``run`` section), for advice that fits it
+        "run_facts": next((s["run"] for _, s in ordered if isinstance(s.get("run"), dict)), None),
+        "loaders": sorted({str(k) for _, s in files for k in s.get("loaders") or ()}),
     }
 
 

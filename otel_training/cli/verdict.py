@@ -17,6 +17,7 @@ bottleneck could save at most), so findings from different causes rank together.
 from __future__ import annotations
 
 from otel_training import semconv as sc
+from otel_training.cli.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
 from otel_training.cli.finding import Finding
 from otel_training.cli.finding import pct as _pct
 from otel_training.cli.verdict_ranks import straggler_findings as _straggler_findings
@@ -68,34 +69,6 @@ def _callback_label(name: str) -> str:
     return name[len(CALLBACK_PREFIX) :]
 
 
-_DATALOADER_ADVICE = [
-    "raise DataLoader num_workers (measure with `otel-training bench-data "
-    "MODULE:FACTORY` where adding workers stops helping)",
-    "set persistent_workers=True so workers survive between epochs, and raise "
-    "prefetch_factor (default 2) so batches queue up ahead of the step",
-    "pin_memory=True, so that copies can overlap with compute",
-    "make __getitem__ cheaper: pre-decode / resize the data once and cache it, "
-    "use a faster decoder, or move augmentation to the GPU",
-]
-_GRAIN_ADVICE = [
-    "Grain: raise ReadOptions(num_threads=...) for the reads, and the prefetch buffer "
-    "(ThreadPrefetchIterDataset's prefetch_buffer_size, torchtitan's num_prefetch_batches) "
-    "so batches queue up ahead of the step",
-    "Grain: move CPU-heavy map steps to worker processes (IterDataset.mp_prefetch with "
-    "MultiprocessingOptions(num_workers=...)): threads share the GIL with the training loop",
-    "make the per-record work cheaper: tokenize or decode once and cache it, or pack offline",
-]
-
-
-def _loader_advice(loaders) -> list[str]:
-    """The data-loading fixes for the loaders that drove the run (summary ``loaders``)."""
-    if "grain" in loaders and "torch" not in loaders:
-        return list(_GRAIN_ADVICE)
-    if "grain" in loaders:
-        return [*_DATALOADER_ADVICE[:2], *_GRAIN_ADVICE[:2]]
-    return list(_DATALOADER_ADVICE)
-
-
 def diagnose(summary: dict) -> list[Finding]:
     """Ranked findings for ``summary`` (never empty when a mode has steps)."""
     mode_name = pick_mode(summary)
@@ -117,6 +90,7 @@ def diagnose(summary: dict) -> list[Finding]:
     gpu = summary.get("gpu_utilization") or {}
     gpu_mean = gpu.get("mean")
     where = f"of {mode_name} step time"
+    facts = facts_of(summary)  # what the run already does: advice leaves it out
     findings: list[Finding] = []
 
     # --- data loading --------------------------------------------------------------
@@ -132,7 +106,7 @@ def diagnose(summary: dict) -> list[Finding]:
                 dl,
                 "data-loading bound",
                 detail,
-                _loader_advice(summary.get("loaders") or ()),
+                loader_advice(summary.get("loaders") or (), facts),
                 phase=sc.PHASE_DATALOADER_NEXT,
             )
         )
@@ -146,12 +120,7 @@ def diagnose(summary: dict) -> list[Finding]:
                 td,
                 "host-to-device copies",
                 f"moving the batch to the device (to_device) is {_pct(td)} {where}",
-                [
-                    "pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
-                    "send compact dtypes (uint8 images, int32 token ids) and convert on the device",
-                    "keep preprocessing out of the window between receiving the batch and "
-                    "the forward (do it in the Dataset / collate_fn)",
-                ],
+                host_to_device_advice(facts),
                 phase=sc.PHASE_TO_DEVICE,
             )
         )
@@ -235,7 +204,7 @@ def diagnose(summary: dict) -> list[Finding]:
         )
 
     # --- compute ----------------------------------------------------------------------
-    findings.extend(_compute_findings(share, phases, gpu, where, mode_name))
+    findings.extend(_compute_findings(share, phases, gpu, where, mode_name, facts))
 
     # --- ranks --------------------------------------------------------------------------
     findings.extend(_straggler_findings(summary.get("ranks") or []))
@@ -350,7 +319,7 @@ def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
     return out
 
 
-def _compute_findings(share, phases, gpu, where, mode_name) -> list[Finding]:
+def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Finding]:
     batch = sc.PHASE_TRAIN_BATCH if mode_name == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
     tb = share.get(batch, 0.0)
     if tb < COMPUTE_SHARE:
@@ -359,13 +328,7 @@ def _compute_findings(share, phases, gpu, where, mode_name) -> list[Finding]:
     kids = {name: float(p.get("share") or 0.0) for (parent, name), p in phases.items() if parent == batch}
     inner = max(kids.items(), key=lambda kv: kv[1]) if kids else None
     inner_txt = f"; {inner[0]} is the largest part ({_pct(inner[1])} of {batch})" if inner else ""
-    advice = [
-        "use mixed precision: torch.autocast(device_type, dtype=torch.bfloat16)",
-        "raise the batch size while GPU memory allows (scale the learning rate)",
-        "try torch.compile(model), fused optimizers (fused=True) and channels_last for CNNs",
-    ]
-    if inner and inner[0] == sc.PHASE_OPTIMIZER_STEP and inner[1] >= 0.3:
-        advice.insert(0, "the optimizer step is large: use foreach=True / fused=True optimizers")
+    advice = compute_advice(facts, bool(inner and inner[0] == sc.PHASE_OPTIMIZER_STEP and inner[1] >= 0.3))
     if gpu_mean is None:
         return [
             Finding(

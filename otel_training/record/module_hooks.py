@@ -92,6 +92,7 @@ def _restore(state: dict, call, prev) -> None:
 class RootModuleHooks:
     def __init__(self, tracker: Any, on_error) -> None:
         self._tracker = tracker
+        self._facts = tracker.facts  # the run's device, autocast, compiled (record/run_facts.py)
         self._on_error = on_error
         self._roots: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
         self._compiled: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -138,6 +139,10 @@ class RootModuleHooks:
         call = self._timed_call(module, prev, lift=False)
         state[_CALL] = call
         self._roots[module] = (call, prev)
+        try:
+            self._facts.root(module, _optimized_module_class())
+        except Exception as exc:
+            self._on_error("forward", exc)
 
     def _discover(self, module, args):
         if _is_compiling() or self.depth:
@@ -174,6 +179,10 @@ class RootModuleHooks:
             ours = True
             if self.depth == 1:
                 self.step_saw_root = True
+                facts = self._facts
+                facts.forwards += 1
+                if facts.forwards == facts.autocast_at:  # until an autocast region is seen
+                    facts.check_autocast()
                 tracker.forward_begin(module, loss)
                 if not loss and tracker.driver == DRIVER_NONE:
                     tracker.forward_inputs(module, args, kwargs)
@@ -274,6 +283,7 @@ class RootModuleHooks:
                 if inner is not None and getattr(inner, "_otel_inner", None) is None:
                     instance._compiled_call_impl = hooks._compiled_caller(instance, inner)
                     hooks._compiled.add(instance)
+                    hooks._facts.compiled = True
             except Exception as exc:
                 hooks._on_error("forward", exc)
             return result

@@ -104,6 +104,11 @@ def install_torch_hooks(tracker: Any, handles: Handles, on_error: Callable) -> N
                 on_error("dataloader", exc)
         try:
             counts = instance.__dict__.setdefault("_otel_epochs", [0])
+            if not counts[0]:  # this loader's first loop: its settings, once
+                try:
+                    tracker.facts.loader(instance)
+                except Exception as exc:
+                    on_error("dataloader", exc)
             it._otel_epoch = counts[0]
             counts[0] += 1
             if started is not None:
@@ -177,6 +182,7 @@ def install_torch_hooks(tracker: Any, handles: Handles, on_error: Callable) -> N
         result = wrapped(*args, **kwargs)
         try:
             tracker.assembler.optimizers.add(instance)
+            tracker.facts.optimizer(instance)
         except Exception as exc:
             on_error("optimizer", exc)
         return result

@@ -22,6 +22,7 @@ from otel_training import semconv as sc
 from otel_training.record.batches import read_batch, read_inputs
 from otel_training.record.phase_stack import BATCH as _BATCH
 from otel_training.record.phase_stack import PhaseStack, grad_enabled
+from otel_training.record.run_facts import RunFacts
 from otel_training.record.steady import LEARN_AFTER, Steady
 from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline, has_work
@@ -69,6 +70,7 @@ class Tracker(PhaseStack):
         # kinds of loader whose loops this thread began ("torch", "grain"); replaced, never
         # mutated, so the summary reads it from another thread
         self.loaders: frozenset[str] = frozenset()
+        self.facts = RunFacts()  # what the run already does (loader settings, autocast ...)
         self._fetched: StepTimeline | None = None  # the piece of the last batch a DataLoader handed out
         self._source_id = 0  # id() of the DataLoader iterator that began the last piece, and
         self._source: Callable[[], Any] = _gone  # a weak reference to it
