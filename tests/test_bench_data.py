@@ -117,13 +117,69 @@ def test_split_timing_sweep_and_feed(data_module, capsys):
 
 
 def test_text_output_and_can_feed(data_module, capsys):
-    code, out, err = bench(capsys, "benchdata_mod:images", "--workers", "0", "--seconds", "0.3",
+    """A loader fast enough at num_workers=0 still does not keep up there: it loads on the
+    training thread, so loading never overlaps compute. The fewest that keeps up has a worker."""
+    code, out, err = bench(capsys, "benchdata_mod:images", "--workers", "0,1", "--seconds", "0.3",
                            "--samples", "4", "--step-rate", "0.5", "--quiet")
     assert code == 0 and err == ""
     assert "per sample (4 timed, one process): load" in out and "transform" in out
     assert "the loader CAN feed it" in out and "training needs 16.0 samples/s (0.50 steps/s x 32" in out
-    assert "num_workers=0 is the fewest that keeps up" in out
-    assert "best:" in out and "num_workers=0" in out
+    assert "num_workers=1 is the fewest that keeps up" in out
+    assert "num_workers=0 is the fewest" not in out
+    assert "num_workers=0 loads each batch on the training thread: every step would wait about" in out
+    assert "best:" in out
+
+
+def test_workers_zero_alone_never_keeps_up(data_module, capsys):
+    code, out, err = bench(capsys, "benchdata_mod:images", "--workers", "0", "--seconds", "0.3",
+                           "--samples", "4", "--step-rate", "0.5", "--json", "--quiet")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["runs"][0]["samples_per_s"] > 16  # fast enough in throughput ...
+    assert r["feed"]["can_feed"] is False and r["feed"]["fewest_workers"] is None  # ... but never overlapping
+    assert any("only num_workers=0 was tried" in a for a in r["advice"])
+
+
+def _waiting_summary(path, workers):
+    """A run that waited 19.5% of each train step for data, with ``workers`` in its
+    ``run`` section (None: an older summary without one)."""
+    summary = {"schema": "otel-training/summary/v1", "modes": {"train": {
+        "steps": 100, "samples": 800, "step_time_s": 100.0, "phases": [
+            {"name": "dataloader_next", "parent": "step", "total_s": 19.5},
+            {"name": "train_batch", "parent": "step", "total_s": 80.5}]}}}
+    if workers is not None:
+        summary["run"] = {"device": "cpu", "loaders": [{"num_workers": workers, "pin_memory": False,
+                                                        "persistent_workers": False, "prefetch_factor": None,
+                                                        "batch_size": 8, "shuffle": True}]}
+    path.write_text(json.dumps(summary))
+    return str(path)
+
+
+def test_summary_recommendation_agrees_with_the_runs_measured_wait(data_module, capsys, tmp_path):
+    """The run waited 19.5% of each step with num_workers=0 (~1.2 steps/s compute-only x 8
+    = ~10 samples/s, which every configuration delivers in isolation): bench-data never
+    calls num_workers=0 enough, and says what the run measured."""
+    path = _waiting_summary(tmp_path / "s0.json", 0)
+    code, out, err = bench(capsys, "benchdata_mod:images", "--workers", "0,1", "--seconds", "0.3",
+                           "--samples", "4", "--summary", path, "--quiet")
+    assert code == 0, err
+    assert "num_workers=0 is the fewest" not in out
+    assert "num_workers=1 is the fewest that keeps up" in out
+    assert "the run waited 19.5% of each train step (195.0 ms) for data with num_workers=0" in out
+    # The run waited with 1 worker: the sweep's num_workers=1 is not called enough either.
+    path = _waiting_summary(tmp_path / "s1.json", 1)
+    code, out, err = bench(capsys, "benchdata_mod:images", "--workers", "0,1", "--seconds", "0.3",
+                           "--samples", "4", "--summary", path, "--json", "--quiet")
+    r = json.loads(out)
+    assert code == 0 and r["feed"]["fewest_workers"] is None and r["feed"]["can_feed"] is False
+    assert r["batch_size"] == 8
+    assert any("the run waited for data with num_workers=1" in a and "--workers 1,3,6" in a for a in r["advice"])
+    # An older summary (no run section): the wait is still reported; num_workers=0 still never enough.
+    path = _waiting_summary(tmp_path / "old.json", None)
+    code, out, err = bench(capsys, "benchdata_mod:images", "--workers", "0,1", "--seconds", "0.3",
+                           "--samples", "4", "--summary", path, "--quiet")
+    assert code == 0 and "num_workers=1 is the fewest that keeps up" in out
+    assert "the run waited 19.5% of each train step (195.0 ms) for data\n" in out
 
 
 def test_dataloader_kwargs_factory_keeps_batch_size_and_collate(data_module, capsys):

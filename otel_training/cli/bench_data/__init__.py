@@ -132,9 +132,9 @@ def run(args: argparse.Namespace) -> dict:
     except Exception as exc:
         raise BenchError(f"FACTORY {args.factory!r} raised {type(exc).__name__}: {exc}") from None
     raw, transform, kwargs = resolve(made, transform)
-    step_rate, source, summary_batch = args.step_rate, "--step-rate", None
+    step_rate, source, summary_batch, measured = args.step_rate, "--step-rate", None, None
     if args.summary:
-        step_rate, summary_batch = rate_from_summary(args.summary)
+        step_rate, summary_batch, measured = rate_from_summary(args.summary)
         source = f"{args.summary} (train steps/s without data waits)"
     batch_size = args.batch_size or kwargs.get("batch_size") or summary_batch or 32
     if "batch_sampler" not in kwargs:
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         "runs": runs,
         "best": best,
         "knee": knee(runs),
-        "feed": feed_check(runs, batch_size, step_rate, source),
+        "feed": feed_check(runs, batch_size, step_rate, source, measured),
     }
     result["advice"] = advice(result)
     return result
@@ -228,6 +228,7 @@ def render(r: dict) -> str:
         )
         if f["fewest_workers"] is not None:
             lines.append(f"feed: num_workers={f['fewest_workers']} is the fewest that keeps up")
+        lines += [f"feed: {note}" for note in f.get("notes") or ()]
     lines += [f"  - {a}" for a in r["advice"]]
     return "\n".join(lines)
 

@@ -206,14 +206,52 @@ def knee(runs: list[dict]) -> dict:
     return out
 
 
-def feed_check(runs: list[dict], batch_size: int, step_rate: float | None, source: str) -> dict | None:
-    """Can the best configuration deliver ``step_rate`` x ``batch_size`` samples/s, and
-    which is the cheapest one that does?"""
+WAITED = 0.05  # a run that waited this share of its train steps for data was not kept fed
+
+
+def feed_check(
+    runs: list[dict], batch_size: int, step_rate: float | None, source: str, measured: dict | None = None
+) -> dict | None:
+    """Can the loader deliver ``step_rate`` x ``batch_size`` samples/s *beside* the
+    training, and which is the cheapest configuration that does?
+
+    ``num_workers=0`` never keeps up: it loads each batch on the training thread, so
+    every step waits for its batch however fast the loading is. ``measured`` (from
+    ``--summary``): the run's own data wait and, when its summary has them, its loader
+    settings; a configuration no larger than one the run waited with is not counted
+    as keeping up (the sweep runs the loader alone, with the CPUs to itself)."""
     if not step_rate:
         return None
     need = step_rate * batch_size
-    best = max(runs, key=lambda r: r["samples_per_s"])
-    enough = sorted((r for r in runs if r["samples_per_s"] >= need), key=lambda r: (r["num_workers"], r["pin_memory"]))
+    measured = measured or {}
+    floor = 0  # configurations need more workers than this
+    ran = measured.get("num_workers")
+    waited = (measured.get("wait_share") or 0.0) >= WAITED
+    if waited and ran is not None:
+        floor = int(ran)
+    parallel = [r for r in runs if r["num_workers"] > 0]
+    enough = sorted(
+        (r for r in parallel if r["samples_per_s"] >= need and r["num_workers"] > floor),
+        key=lambda r: (r["num_workers"], r["pin_memory"]),
+    )
+    best = max(parallel or runs, key=lambda r: r["samples_per_s"])
+    notes = []
+    serial = [r for r in runs if r["num_workers"] == 0 and r["samples_per_s"] > 0]
+    if serial:
+        rate = max(r["samples_per_s"] for r in serial)
+        wait_ms = 1e3 * batch_size / rate
+        notes.append(
+            f"num_workers=0 loads each batch on the training thread: every step would wait about "
+            f"{wait_ms:.1f} ms for its batch ({100 * wait_ms / (wait_ms + 1e3 / step_rate):.0f}% of a step), "
+            "as loading never overlaps compute"
+        )
+    if waited:
+        with_ = f" with num_workers={ran}" if ran is not None else ""
+        notes.append(
+            f"the run waited {100 * measured['wait_share']:.1f}% of each train step "
+            f"({measured['wait_ms']:.1f} ms) for data{with_}"
+            + (f": configurations with num_workers <= {ran} are not counted as keeping up" if ran is not None else "")
+        )
     return {
         "step_rate": step_rate,
         "rate_source": source,
@@ -222,11 +260,15 @@ def feed_check(runs: list[dict], batch_size: int, step_rate: float | None, sourc
         "can_feed": bool(enough),
         "headroom": best["samples_per_s"] / need if need else None,
         "fewest_workers": enough[0]["num_workers"] if enough else None,
+        "measured": measured or None,
+        "notes": notes,
     }
 
 
 def rate_from_summary(path: str) -> tuple:
-    """(compute-only steps/s, batch size) of the train mode in a run-end summary."""
+    """(compute-only steps/s, batch size, what the run measured) of the train mode in a
+    run-end summary; the last: its data wait (``wait_share``, ``wait_ms`` per step) and,
+    from the summary's ``run`` section, the training loader's ``num_workers``."""
     from otel_training.cli.report_sources import ReportError, read_summary
 
     try:
@@ -243,7 +285,19 @@ def rate_from_summary(path: str) -> tuple:
     )
     busy = max(m["step_time_s"] - wait, 1e-9)
     batch = round(m["samples"] / m["steps"]) if m.get("samples") else None
-    return m["steps"] / busy, batch
+    measured: dict = {
+        "wait_share": wait / m["step_time_s"] if m["step_time_s"] else 0.0,
+        "wait_ms": 1e3 * wait / m["steps"],
+        "num_workers": None,
+    }
+    from otel_training.cli.advice import facts_of, train_loaders
+
+    facts = facts_of({"run": s.get("run")})
+    loaders = train_loaders(facts) if facts else []
+    if loaders:
+        measured["num_workers"] = min(int(ld.get("num_workers") or 0) for ld in loaders)
+        batch = next((ld["batch_size"] for ld in loaders if ld.get("batch_size")), batch)
+    return m["steps"] / busy, batch, measured
 
 
 def advice(report: dict) -> list[str]:
@@ -257,6 +311,11 @@ def advice(report: dict) -> list[str]:
             f"throughput still grows at num_workers={most}, the most tried ({report['cpus']} CPUs): "
             f"try --workers {most},{2 * most},{4 * most} (waiting on I/O can use more workers than cores)"
         )
+    elif k["workers"] == 0:
+        out.append(
+            "num_workers=0 gets within 10% of the best throughput, but it loads on the training "
+            "thread, where loading never overlaps compute: use num_workers=1 or more"
+        )
     else:
         out.append(f"num_workers={k['workers']} gets within 10% of the best; more workers add little")
     if s.get("transform_ms") and s.get("sample_ms") and s["transform_ms"] > 0.5 * s["sample_ms"]:
@@ -269,7 +328,22 @@ def advice(report: dict) -> list[str]:
             f"loading is {100 * s['load_ms'] / s['sample_ms']:.0f}% of each sample: faster storage, "
             "larger sequential reads (shards), or an in-memory cache"
         )
-    if feed and not feed["can_feed"]:
+    parallel = [r for r in report["runs"] if r["num_workers"] > 0]
+    ran = ((feed or {}).get("measured") or {}).get("num_workers")
+    if feed and not feed["can_feed"] and not parallel:
+        out.append(
+            "only num_workers=0 was tried, which loads on the training thread: every step waits for "
+            "its batch; try --workers 0,1,2,4"
+        )
+    elif (
+        feed and not feed["can_feed"] and ran is not None and feed["best_samples_per_s"] >= feed["needed_samples_per_s"]
+    ):
+        out.append(
+            f"the run waited for data with num_workers={ran}, which the sweep alone would call enough "
+            "(training competes with the workers for the CPUs): try more workers than "
+            f"{ran} (--workers {ran},{2 * ran + 1},{4 * ran + 2})"
+        )
+    elif feed and not feed["can_feed"]:
         out.append(
             f"the loader cannot feed {feed['step_rate']:.1f} steps/s: training will wait on data "
             f"(best {feed['best_samples_per_s']:.0f} of {feed['needed_samples_per_s']:.0f} samples/s)"
