@@ -82,7 +82,12 @@ def instrument(*, configure_sdk: bool | None = None, **kwargs) -> None:
     from opentelemetry import trace
 
     from otel_training.instrumentor import TrainingInstrumentor
+    from otel_training.preflight import deliberately_off, not_instrumenting, torch_problem
 
+    problem = None if deliberately_off() else torch_problem()
+    if problem is not None:
+        not_instrumenting(*problem)  # the one line, instead of the SDK's dependency-conflict record
+        return
     if configure_sdk or (configure_sdk is None and type(trace.get_tracer_provider()).__name__.startswith("Proxy")):
         from otel_training.distro import configure_sdk as _configure
 

@@ -16,6 +16,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from otel_training.config import ConfigError, load_config
 from otel_training.package import _instruments
+from otel_training.preflight import INTEGRATIONS_FIX, described, not_instrumenting
 
 if TYPE_CHECKING:
     from otel_training.runtime import Runtime
@@ -39,21 +40,35 @@ class TrainingInstrumentor(BaseInstrumentor):
             stop_on_config_error(exc)
         if not config.enabled:
             return
-        from otel_training.runtime import Runtime
-
+        try:
+            from otel_training.runtime import Runtime
+        except Exception as exc:  # torch or one of our dependencies cannot be imported
+            not_instrumenting(f"{described(exc)} while importing", "check that `python -c 'import torch'` works")
+            return
         tracer_provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
         meter_provider = kwargs.get("meter_provider") or metrics.get_meter_provider()
-        runtime = Runtime(config, tracer_provider, meter_provider)
-        runtime.install()
+        runtime = None
+        try:
+            runtime = Runtime(config, tracer_provider, meter_provider)
+            runtime.install()
+        except Exception as exc:  # our bug: the loop runs as it would uninstrumented
+            if runtime is not None:
+                try:
+                    runtime.uninstall()
+                except Exception:
+                    pass
+            not_instrumenting(
+                f"setting up failed ({described(exc)})", "training runs uninstrumented; please report this"
+            )
+            return
         TrainingInstrumentor._runtime = runtime
         try:
             from otel_training import integrations
 
             runtime.handles.add(integrations.enable(config, runtime))
-        except ImportError:
-            pass
         except Exception as exc:
             runtime.on_error("integrations", exc)
+            not_instrumenting(f"the framework integrations failed to load ({described(exc)})", INTEGRATIONS_FIX)
 
     def _uninstrument(self, **kwargs):
         runtime = TrainingInstrumentor._runtime

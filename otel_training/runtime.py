@@ -168,8 +168,8 @@ class Runtime:
         return TraceFile(config.trace_file, offset, info, lambda: self.tracker.thread)
 
     # -- wiring -------------------------------------------------------------------------
-    def on_error(self, component: str, exc: BaseException) -> None:
-        self.telemetry.internal_error(component, exc)
+    def on_error(self, component: str, exc: BaseException, *, said: bool = False) -> None:
+        self.telemetry.internal_error(component, exc, said=said)
 
     def install(self) -> None:
         if self.role == ROLE_HELPER:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install otel-training with its instruments extra (torch, numpy) and
+# Create .venv and install otel-training with its instruments extra (torch), numpy, and
 # what the given extras need.
 # Usage: scripts/setup.sh [EXTRAS]   (e.g. "test,distro,integrations")
 set -euo pipefail
@@ -10,4 +10,6 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 # torch is pinned through constraints.txt: a CPU build is enough for the demo and tests.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[instruments${extras:+,$extras}]"
+# numpy: otel-training does not need it, but torch warns at the demo's first tensor without it.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
+  -e ".[instruments${extras:+,$extras}]" numpy

@@ -2,7 +2,8 @@
 # Fresh machine to a full test run: install everything (package, test tools,
 # framework integrations, real Prometheus + promtool, real Alertmanager + amtool),
 # check lint, format and types, then run the tests on the newest OpenTelemetry
-# versions pyproject.toml allows and again on the lowest.
+# versions pyproject.toml allows and again on the lowest, and the core tests on the
+# lowest and the newest torch release the package supports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,distro,integrations"
@@ -19,8 +20,12 @@ export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff format --check otel_training
 .venv/bin/mypy
 status=0
+# A torch below the supported range, for tests/test_preflight.py (a venv, no tests of its own).
+bash scripts/test-torch-range.sh below || status=$?
 # The suite includes the package as a user gets it (tests/test_package.py): sdist and wheel
 # built and twine-checked, the wheel run from a fresh virtual environment.
 .venv/bin/python -m pytest -q -rs "$@" || status=$?
 bash scripts/test-sdk-lowest.sh "$@" || status=$?
+# The tests marked `core` on both ends of the supported torch range (docs: README, "Supported versions").
+bash scripts/test-torch-range.sh floor newest -- "$@" || status=$?
 exit "$status"

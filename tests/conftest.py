@@ -27,6 +27,33 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+# The tests marked `core`: step detection and the numbers built on it, the parts that
+# depend on torch's hooks and internals. scripts/test-torch-range.sh runs them on the lowest
+# and the newest torch release the package supports (the whole suite runs on constraints.txt's).
+CORE_MODULES = frozenset({
+    "tests/loops/test_loops.py",
+    "tests/test_steps.py", "tests/test_steady.py", "tests/test_shapes.py", "tests/test_queued_steps.py",
+    "tests/test_phases.py", "tests/test_phases_torch.py", "tests/test_phases_closure.py", "tests/test_attribution.py",
+    "tests/test_throughput.py", "tests/test_flops.py", "tests/test_memory.py", "tests/test_compat.py",
+    "tests/test_reliability_faults.py", "tests/test_reliability_shutdown.py", "tests/test_reliability_workers.py",
+    "tests/test_reliability_unreachable.py", "tests/test_reliability_restart.py",
+    "tests/test_reliability_selftelemetry.py",
+    "tests/test_trace_file.py", "tests/test_report.py", "tests/test_manual_api.py", "tests/test_preflight.py",
+    "tests/test_integration_lightning.py", "tests/test_integration_transformers.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        try:
+            rel = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if rel in CORE_MODULES:
+            item.add_marker(pytest.mark.core)
+
+
 TEST_DEFAULTS = dict(
     trace_every_n=1,
     trace_max_per_second=1e6,

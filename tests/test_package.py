@@ -51,8 +51,15 @@ def _run(argv, cwd, timeout=900, env=None, check=True) -> subprocess.CompletedPr
     return proc
 
 
+# torch's own, in any environment without numpy (the wheel's venv has none: neither torch
+# nor otel-training needs it); the source line the warning module prints follows it.
+TORCH_NO_NUMPY = "Failed to initialize NumPy"
+
+
 def _warnings(text: str) -> list:
-    return [line for line in text.splitlines() if WARNING.search(line)]
+    lines = text.splitlines()
+    torch_own = {i + d for i, line in enumerate(lines) if TORCH_NO_NUMPY in line for d in (0, 1)}
+    return [line for i, line in enumerate(lines) if WARNING.search(line) and i not in torch_own]
 
 
 # --- the distributions ----------------------------------------------------------------
@@ -96,18 +103,25 @@ def test_metadata_claims_only_what_is_tested(dist):
     versions = {m.group(1) for m in map(python.fullmatch, classifiers) if m}
     running = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert versions == {running} and meta["Requires-Python"] == f">={running}"
-    # torch: the instruments extra's floor is what the suite runs on, and the
-    # instrumentor declares the same requirement.
-    import torch
+    # torch: the instruments extra is torch alone (no numpy), from the floor the core tests run
+    # on (constraints-torch-floor.txt), and the instrumentor declares the same requirement.
+    from otel_training.package import TORCH_FLOOR
 
     extras = [Requirement(r) for r in meta.get_all("Requires-Dist") if 'extra == "instruments"' in r]
-    (torch_req,) = [r for r in extras if r.name == "torch"]
-    assert {r.name for r in extras} == {"torch", "numpy"}
-    assert str(torch_req.specifier) == f">={torch.__version__.split('+')[0].rsplit('.', 1)[0]}"
-    assert tuple(str(Requirement(r)).replace(" ", "") for r in _instruments) == (f"torch{torch_req.specifier}",)
+    assert [r.name for r in extras] == ["torch"]
+    assert str(extras[0].specifier) == f">={TORCH_FLOOR}"
+    assert tuple(str(Requirement(r)).replace(" ", "") for r in _instruments) == (f"torch>={TORCH_FLOOR}",)
+    floor, below = (_pinned_torch(ROOT / f"constraints-torch-{end}.txt") for end in ("floor", "below"))
+    assert floor.rsplit(".", 1)[0] == TORCH_FLOOR and not extras[0].specifier.contains(below)
     assert meta["License-Expression"] == "Apache-2.0" and meta["License-File"] == "LICENSE"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "otel_training/py.typed" in names
+
+
+def _pinned_torch(constraints: Path) -> str:
+    (pin,) = [line.split("==", 1)[1].strip() for line in constraints.read_text().splitlines()
+              if line.startswith("torch==")]
+    return pin
 
 
 def test_wheel_holds_the_repository_stack_and_contract(dist):
@@ -131,12 +145,23 @@ def test_sdist_holds_real_files_and_no_half_test_suite(dist):
 
 @pytest.fixture(scope="module")
 def venv(dist, tmp_path_factory):
-    """bin/ of a new venv holding the wheel with its instruments extra (torch pinned)."""
+    """bin/ of a new venv holding the wheel with its instruments extra, torch pinned to the
+    release this suite runs on (each end of the supported range under
+    scripts/test-torch-range.sh), everything else to constraints.txt."""
+    from importlib.metadata import version
+
     home = tmp_path_factory.mktemp("user")
+    torch_release = version("torch").split("+")[0]
+    pins = home / "constraints.txt"
+    pins.write_text("".join(line + "\n" for line in CONSTRAINTS.read_text().splitlines()
+                            if not line.startswith("torch==")) + f"torch=={torch_release}\n")
+    env = _clean_env()
+    if torch_release != _pinned_torch(CONSTRAINTS):
+        env["PIP_CONSTRAINT"] = "/dev/null"  # a machine-wide pip constraint may cap torch lower
     _run([sys.executable, "-m", "venv", home / "venv"], cwd=home)
     bindir = home / "venv" / "bin"
     _run([bindir / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          "-c", CONSTRAINTS, f"{dist[0]}[instruments]"], cwd=home)
+          "-c", pins, f"{dist[0]}[instruments]"], cwd=home, env=env)
     return bindir
 
 
@@ -147,7 +172,13 @@ def test_the_installed_package_is_the_wheel_not_the_repository(venv, tmp_path):
     assert location.startswith(str(venv.parent / "lib")) and str(ROOT) not in path
 
 
+@pytest.mark.core
 def test_opentelemetry_instrument_exports_spans_and_metrics(venv, tmp_path):
+    """Every step exported from the wheel, on this suite's torch and with no numpy (torch
+    does not need it, and neither do we)."""
+    probe = _run([venv / "python", "-c", "import importlib.util as u, torch; "
+                  "print(torch.__version__, u.find_spec('numpy') is None)"], cwd=tmp_path)
+    assert probe.stdout.split()[1] == "True", probe.stdout
     script = tmp_path / "train_basic.py"
     shutil.copy(ROOT / "examples" / "train_basic.py", script)
     with OTLPReceiver() as receiver:

@@ -226,7 +226,10 @@ def test_a_rank_started_by_torch_multiprocessing_spawn_stays_instrumented(tmp_pa
 # -- spawned children hold their set-up until the process object arrives (issue 13, item 8) --
 
 # What a held child may have loaded of ours: the distro and what it imports, nothing more.
-HELD_MODULES = {"otel_training", "otel_training.distro", "otel_training.processes", "otel_training.version"}
+# preflight (the pre-instrument check, standard library only) runs in every process and says
+# nothing in a spawned child; package holds the torch floor it reads.
+HELD_MODULES = {"otel_training", "otel_training.distro", "otel_training.processes", "otel_training.version",
+                "otel_training.preflight", "otel_training.package"}
 
 
 def _assert_set_up_nothing(worker: dict) -> None:

@@ -33,12 +33,13 @@ class SelfTelemetry:
         self._lock = threading.RLock()
 
     # -- counting ---------------------------------------------------------------------
-    def internal_error(self, component: str, exc: BaseException | None = None) -> None:
-        """Count a bug of ours that was contained; log the first of each kind."""
+    def internal_error(self, component: str, exc: BaseException | None = None, *, said: bool = False) -> None:
+        """Count a bug of ours that was contained; log the first of each kind (unless
+        ``said``: the caller has told the user in its own line)."""
         with self._lock:
             self.errors[component] += 1
             first = self.errors[component] == 1
-        if first:
+        if first and not said:
             logger.warning(
                 "otel-training: internal error in %s (contained; training continues): %r",
                 component,

@@ -51,8 +51,12 @@ def enable(config: Any, runtime_or_provider: Any) -> Undo:
             if name not in INTEGRATIONS or name in _active:
                 continue
             mod_name, targets = INTEGRATIONS[name]
-            module = importlib.import_module(f"otel_training.integrations.{mod_name}")
-            integ = module.Integration(Bridge(provider, driver=name))
+            try:
+                module = importlib.import_module(f"otel_training.integrations.{mod_name}")
+                integ = module.Integration(Bridge(provider, driver=name))
+            except Exception as exc:  # the others still load; the torch hooks still time steps
+                unavailable(name, exc)
+                continue
             _active[name] = integ
             for target in targets:
                 if (name, target) in _registered:
@@ -79,7 +83,15 @@ def _patch(name: str, module: Any) -> None:
     try:
         integ.patch(module)
     except Exception as exc:  # never break the user's import
-        integ.bridge.error(exc)
+        unavailable(name, exc)  # the one line; counted without a second
+        integ.bridge.error(exc, said=True)
+
+
+def unavailable(name: str, exc: BaseException) -> None:
+    """The one line (``preflight.not_instrumenting``) for an integration that failed to load."""
+    from otel_training.preflight import INTEGRATIONS_FIX, described, not_instrumenting
+
+    not_instrumenting(f"the {name} integration failed to load ({described(exc)})", INTEGRATIONS_FIX)
 
 
 def disable() -> None:

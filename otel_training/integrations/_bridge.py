@@ -36,12 +36,12 @@ class Bridge:
             return None
         return getattr(obj, "tracker", obj)
 
-    def error(self, exc: BaseException) -> None:
+    def error(self, exc: BaseException, *, said: bool = False) -> None:
         try:
             obj = self._provider()
             on_error = getattr(obj, "on_error", None)
             if on_error is not None:
-                on_error(f"integrations.{self.driver}", exc)
+                on_error(f"integrations.{self.driver}", exc, said=said)
         except Exception:  # pragma: no cover - nothing left to report to
             pass
 
