@@ -216,7 +216,7 @@ class Instrumented:
         return [s for s in spans if name is None or s.name == name]
 
     def steps(self) -> List[StepTrace]:
-        """Every traced step, in step order."""
+        """Every traced step, in time order (train and eval steps are numbered apart)."""
         spans = self.spans()
         by_trace: Dict[int, List[ReadableSpan]] = {}
         for s in spans:
@@ -226,7 +226,7 @@ class Instrumented:
             roots = [s for s in group if s.parent is None]
             assert len(roots) == 1, f"a trace with {len(roots)} roots: {[s.name for s in group]}"
             out.append(StepTrace(roots[0], group))
-        out.sort(key=lambda t: (t.index if t.index is not None else -1, t.root.start_time))
+        out.sort(key=lambda t: t.root.start_time)
         return out
 
     # -- metrics --------------------------------------------------------------------

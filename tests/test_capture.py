@@ -173,7 +173,11 @@ def test_errors_are_traced_and_propagate_unchanged(instrumented):
             raised.append(exc)
     assert len(raised) == 1 and "shapes cannot be multiplied" in str(raised[0])
     steps = tel.steps()
-    assert [(s.index, s.attributes["training.trace.reason"]) for s in steps] == [(0, "first"), (3, "error")]
+    # the step that failed in its forward ran no backward: eval step 0 (train steps 0-2 before it)
+    assert [(s.mode, s.index, s.attributes["training.trace.reason"]) for s in steps] == [
+        ("train", 0, "first"),
+        ("eval", 0, "error"),
+    ]
     failed = steps[1]
     assert failed.root.status.status_code.name == "ERROR"
     (event,) = failed.root.events

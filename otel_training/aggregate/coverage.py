@@ -58,8 +58,8 @@ class Coverage:
             for r in records:  # (one step, inlined: this loop runs for every step)
                 host = r.host
                 start = host[0]
-                if start > last_end:
-                    self._gap(start - last_end, r.number - 1, start)
+                if start > last_end:  # after the last train step before it (train numbering)
+                    self._gap(start - last_end, r.train_before - 1, start)
                 last_end = host[-1]
                 if r.microbatches > 1:
                     self._merged(r.number, r.microbatches, last_end - start)
@@ -99,7 +99,8 @@ class Coverage:
             "outside_s": self.outside / 1e9,
             "gaps": self.gaps,
             "largest_gap_s": self.largest_gap / 1e9,
-            "largest_gap_after_step": self.largest_gap_after,
+            # the train step the largest gap followed (None: before the first train step)
+            "largest_gap_after_step": self.largest_gap_after if (self.largest_gap_after or 0) >= 0 else None,
         }
         if started_ns is not None and self.first_start is not None:
             out["before_first_step_s"] = max(0, self.first_start - started_ns) / 1e9
@@ -150,7 +151,7 @@ class Coverage:
                     "kind": "low_coverage",
                     "cause": (
                         f"{1 - share:.0%} of the training loop's {loop / 1e9:.1f} s is outside steps "
-                        f"(largest gap {self.largest_gap / 1e9:.2f} s after step {self.largest_gap_after}): "
+                        f"(largest gap {self.largest_gap / 1e9:.2f} s {gap_place(self.largest_gap_after)}): "
                         "work between loops that runs no model forward, or a loop not detected"
                     ),
                     "fix": (
@@ -160,3 +161,8 @@ class Coverage:
                 }
             )
         return out
+
+
+def gap_place(after: int | None) -> str:
+    """Where a gap lies, in train numbering: ``after train step N``."""
+    return f"after train step {after}" if after is not None and after >= 0 else "before the first train step"

@@ -1,7 +1,7 @@
 """Memory per step: the run's peaks and the memory-creep finding (pipeline thread).
 
 A consumer of ``StepRecord`` batches: records that carry a ``MemoryReading``
-(record/memory.py) are kept as (step number, bytes at the step's end) points,
+(record/memory.py) are kept as (train step number, bytes at the step's end) points,
 thinned to at most ``MAX_POINTS`` over the whole run. ``creep`` fits a line to
 the points after warm-up: memory that grows steadily with the steps (a straight
 line explains it, the last quarter never comes back down to the first quarter's
@@ -30,7 +30,12 @@ MIN_R2 = 0.8
 MIN_GROWTH = 16 * 2**20  # bytes over the fitted steps
 MB = 1e6
 _MEMORY = attrgetter("memory")
-_NUMBER = attrgetter("number")
+
+
+def _number(record: Any) -> int:
+    """Where a reading lies, in train steps (an eval step: the train steps before it);
+    before any train step (an eval-only run), the eval step's own number."""
+    return record.train_before or record.number
 
 
 class MemoryTrend:
@@ -58,7 +63,7 @@ class MemoryTrend:
         if not read:
             return
         with self._lock:
-            for number, m in zip(map(_NUMBER, read), map(_MEMORY, read)):
+            for number, m in zip(map(_number, read), map(_MEMORY, read)):
                 if self.kind != m.kind:  # CUDA initialized mid-run: the device's memory from now on
                     self._restart(m)
                 self._seen += 1

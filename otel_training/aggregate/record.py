@@ -117,7 +117,7 @@ class StepRecord(NamedTuple):
     maps them to epoch ns); ``times`` are GPU-synchronized when the device is
     observed, else the host marks."""
 
-    number: int  # the step's index in its run (``training.step``)
+    number: int  # ``training.step``: train steps before a train step; eval steps before an eval step
     epoch: int | None
     mode: str
     layout: Layout
@@ -137,6 +137,7 @@ class StepRecord(NamedTuple):
     tokens: int | None = None  # token ids in the step's batches (padding left out)
     flops: Any = None  # the run's FlopCount (record/flops.py), on training steps once known
     memory: Any = None  # a MemoryReading at the step's end (record/memory.py), when one was taken
+    train_before: int = 0  # train steps before this step (a train step's ``number``)
 
     @property
     def step_ns(self) -> int:
@@ -282,6 +283,7 @@ class Resolver:
                 tokens,
                 flops,
                 step.memory,
+                step.train_before,
             ),
         )
 

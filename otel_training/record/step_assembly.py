@@ -56,7 +56,9 @@ class StepAssembler:
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.alive: set = self.optimizers.data  # type: ignore[attr-defined]  # its set of weak references: len() in C
         self.update_seen = False
-        self._next = 0
+        self._next = 0  # steps handed on (train and eval)
+        self._train = 0  # train steps handed on: the next train step's number
+        self._eval = 0  # eval steps handed on: the next eval step's number
         self._prefix: StepTimeline | None = None  # waits for data, for the next piece
         self._prefix_batches = 0  # batches those waits handed out
         self._pending: StepTimeline | None = None  # backward passes awaiting their update
@@ -201,7 +203,16 @@ class StepAssembler:
     # -- steps out -----------------------------------------------------------------------
     def _emit(self, step: StepTimeline) -> None:
         # Steps leave in time order, numbered, never overlapping (coverage relies on it).
-        step.index = self._next
+        # A train step's number is the train steps before it (the global step at its
+        # start, as frameworks count it); an eval step's, the eval steps before it.
+        train = self._train
+        step.train_before = train
+        if step.saw_backward or step.saw_optimizer:
+            step.index = train
+            self._train = train + 1
+        else:
+            step.index = self._eval
+            self._eval += 1
         self._next += 1
         self._sink(step)
 

@@ -36,6 +36,7 @@ class StepTimeline:
 
     __slots__ = (
         "index",
+        "train_before",
         "epoch",
         "batch_size",
         "marks",
@@ -62,7 +63,8 @@ class StepTimeline:
     )
 
     def __init__(self, index: int, epoch: int | None, source: Any = None):
-        self.index = index  # -1 until the assembler numbers the finished step
+        self.index = index  # -1 until the assembler numbers the finished step (per mode)
+        self.train_before = 0  # train steps handed on before this one (set with ``index``)
         self.epoch = epoch
         self.batch_size: int | None = None
         self.marks: list[int] = []  # perf_counter_ns on the training thread
