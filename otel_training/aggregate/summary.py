@@ -32,6 +32,7 @@ from otel_training.aggregate.record import (
     bounds,
 )
 from otel_training.files import check_writable
+from otel_training.record.flops import SOURCE_MEASURED
 
 SCHEMA = "otel-training/summary/v1"
 _MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
@@ -54,6 +55,7 @@ class _ModeStats:
         "flops",
         "flop_ns",
         "flop_count",
+        "counted",
     )
 
     def __init__(self) -> None:
@@ -71,6 +73,9 @@ class _ModeStats:
         self.flops = 0.0  # FLOPs of the steps with a known count
         self.flop_ns = 0  # and their step time
         self.flop_count: Any = None  # the FlopCount
+        # The step the FLOPs were counted on (slower: FLOP counting): number, ns,
+        # samples, tokens. Left out of the step-time statistics and throughput.
+        self.counted: tuple[int, int, int, int] | None = None
 
     def phase(self, key: tuple[str, str]) -> list:
         """The ``[total ns, steps]`` of phase ``key`` (name, parent)."""
@@ -112,6 +117,27 @@ class RunSummary:
 
     def _add_run(self, layout: Layout, run: list[StepRecord]) -> None:
         m = self._mode(layout.mode)
+        count = run[-1].flops
+        if count is not None and m.flop_count is None and count.source == SOURCE_MEASURED:
+            # The FLOP-count step is in this run (the first record carrying the count):
+            # counted as a step, kept out of the statistics.
+            i = next(i for i, r in enumerate(run) if r.flops is not None)
+            r = run[i]
+            m.counted = (r.number, r.step_ns, r.batch_size or 0, r.tokens or 0)
+            m.steps += 1
+            m.samples += r.batch_size or 0
+            m.tokens += r.tokens or 0
+            m.microbatches += r.microbatches
+            m.skipped += r.skipped
+            m.flop_count = count
+            m.flops += count.per_step  # (in the total; not in FLOP/s, as its time is not)
+            start, end = r.times[0], r.times[-1]
+            m.first_start = start if m.first_start is None else min(m.first_start, start)
+            m.last_end = end if m.last_end is None else max(m.last_end, end)
+            run = run[:i] + run[i + 1 :]
+            if not run:
+                return
+            count = run[-1].flops
         n = len(run)
         slots = self._slots.get(layout)
         if slots is None:
@@ -135,7 +161,6 @@ class RunSummary:
         m.microbatches += sum(map(MICROBATCHES, run))
         m.skipped += sum(map(SKIPPED, run))
         m.tokens += sum(filter(None, map(TOKENS, run)))
-        count = run[-1].flops
         if count is not None:  # known from some step on, then on every training step
             i = 0 if run[0].flops is not None else next(i for i, r in enumerate(run) if r.flops is not None)
             m.flops += count.per_step * (n - i)
@@ -161,6 +186,7 @@ class RunSummary:
         modes = {}
         for mode, m in self._modes.items():
             step_s = m.step_ns / 1e9
+            timed = m.steps - (m.counted is not None)
             ds = sorted(m.durations)
             phases = []
             for (name, parent), (ns, count) in sorted(m.phases.items(), key=lambda kv: -kv[1][0]):
@@ -169,23 +195,29 @@ class RunSummary:
                         "name": name,
                         "parent": parent,
                         "total_s": ns / 1e9,
-                        "mean_s": ns / 1e9 / m.steps if m.steps else 0.0,
+                        "mean_s": ns / 1e9 / timed if timed else 0.0,
                         "count": count,
                         "share": (ns / m.step_ns) if m.step_ns else 0.0,
                     }
                 )
             wall_s = ((m.last_end or 0) - (m.first_start or 0)) / 1e9
+            # Throughput: the mode's samples (tokens) over its own summed step time, not
+            # the wall time from its first step to its last (eval between training
+            # epochs would hold whole epochs of training), the FLOP-count step left out.
+            _, _, c_samples, c_tokens = m.counted or (0, 0, 0, 0)
+            timed = m.steps - (m.counted is not None)
             modes[mode] = {
                 "steps": m.steps,
+                "timed_steps": timed,
                 "samples": m.samples,
                 "tokens": m.tokens,
-                "samples_per_s": m.samples / wall_s if wall_s > 0 else 0.0,
-                "tokens_per_s": m.tokens / wall_s if wall_s > 0 else 0.0,
+                "samples_per_s": (m.samples - c_samples) / step_s if step_s > 0 else 0.0,
+                "tokens_per_s": (m.tokens - c_tokens) / step_s if step_s > 0 else 0.0,
                 **({"flops": _flops_dict(m)} if m.flop_count is not None else {}),
                 "step_time_s": step_s,
                 **({"microbatches": m.microbatches, "skipped_updates": m.skipped} if mode == sc.MODE_TRAIN else {}),
                 "wall_s": wall_s,
-                "step_mean_s": step_s / m.steps if m.steps else 0.0,
+                "step_mean_s": step_s / timed if timed else 0.0,
                 "step_p50_s": _pct(ds, 0.5),
                 "step_p90_s": _pct(ds, 0.9),
                 "step_max_s": ds[-1] if ds else 0.0,
@@ -207,7 +239,11 @@ class RunSummary:
 def _flops_dict(m: _ModeStats) -> dict:
     """FLOPs per step, achieved FLOP/s over the steps with a known count, and MFU."""
     c = m.flop_count
-    flop_s = m.flops / (m.flop_ns / 1e9) if m.flop_ns > 0 else 0.0
+    timed = m.flops - (c.per_step if m.counted is not None else 0.0)  # the FLOPs of the steps in flop_ns
+    flop_s = timed / (m.flop_ns / 1e9) if m.flop_ns > 0 else 0.0
+    counted = {}
+    if m.counted is not None:
+        counted = {"counted_step": m.counted[0], "counted_step_s": m.counted[1] / 1e9}
     return {
         "per_step": c.per_step,
         "total": m.flops,
@@ -218,6 +254,7 @@ def _flops_dict(m: _ModeStats) -> dict:
         "device": c.device,
         "source": c.source,
         "count_cost_s": c.cost_s,
+        **counted,
     }
 
 

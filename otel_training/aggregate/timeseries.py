@@ -34,6 +34,7 @@ from otel_training.aggregate.record import (
     StepRecord,
     bounds,
 )
+from otel_training.record.flops import SOURCE_MEASURED
 
 MAX_WINDOWS = 128
 POINTS = 16  # quantile points kept per window
@@ -54,10 +55,24 @@ def _resample(ordered: list, n: int) -> list:
 
 
 class _Window:
-    __slots__ = ("first", "steps", "start", "end", "step_ns", "max_ns", "samples", "points", "phases", "idle_ns")
+    __slots__ = (
+        "first",
+        "steps",
+        "start",
+        "end",
+        "step_ns",
+        "max_ns",
+        "samples",
+        "points",
+        "phases",
+        "idle_ns",
+        "seg_first",
+        "seg_last",
+    )
 
     def __init__(self) -> None:
         self.first = -1  # the first step number
+        self.seg_first = self.seg_last = 0  # the mode's uninterrupted runs it holds
         self.steps = 0
         self.start = 0  # perf_counter ns
         self.end = 0
@@ -70,6 +85,8 @@ class _Window:
 
     def merge(self, other: _Window) -> None:
         self.first = min(self.first, other.first)
+        self.seg_first = min(self.seg_first, other.seg_first) if self.steps else other.seg_first
+        self.seg_last = max(self.seg_last, other.seg_last)
         self.steps += other.steps
         self.start = min(self.start, other.start)
         self.end = max(self.end, other.end)
@@ -85,9 +102,10 @@ class _Window:
 class _Series:
     """The windows of one mode."""
 
-    __slots__ = ("width", "windows", "open", "columns", "names")
+    __slots__ = ("width", "windows", "open", "columns", "names", "seg")
 
     def __init__(self) -> None:
+        self.seg = 0  # uninterrupted runs of the mode so far (another mode ran between them)
         self.width = 1  # steps per window
         self.windows: list[_Window] = []
         self.open = _Window()
@@ -109,6 +127,13 @@ class _Series:
                 self.columns[layout] = cols
         return cols
 
+    def interrupt(self) -> None:
+        """Another mode ran since this mode's last step: the open window ends here, so
+        that no window spans time in which this mode did not run."""
+        if self.open.steps:
+            self._close()
+        self.seg += 1
+
     def add(self, run: list[StepRecord]) -> None:
         i, n = 0, len(run)
         while i < n:
@@ -125,6 +150,7 @@ class _Series:
         first, start, end = chunk[0].number, min(starts), max(ends)
         if w.steps == 0:
             w.first, w.start, w.end = first, start, end
+            w.seg_first = w.seg_last = self.seg
         else:
             w.first, w.start, w.end = min(w.first, first), min(w.start, start), max(w.end, end)
         w.steps += len(chunk)
@@ -152,11 +178,12 @@ class _Series:
         self.windows.append(w)
         self.open = _Window()
         if len(self.windows) >= MAX_WINDOWS:
-            merged = []
-            for k in range(0, len(self.windows) - 1, 2):
-                a = self.windows[k]
-                a.merge(self.windows[k + 1])
-                merged.append(a)
+            # Neighbours merge pairwise, those of one uninterrupted run first; where
+            # the runs are too short for that (the modes alternate every few steps),
+            # across runs.
+            merged = _pairs(self.windows, True)
+            if len(merged) > MAX_WINDOWS * 3 // 4:
+                merged = _pairs(merged, False)
             self.windows = merged
             self.width *= 2
 
@@ -204,6 +231,22 @@ class _Series:
         return out
 
 
+def _pairs(windows: list[_Window], same_run: bool) -> list[_Window]:
+    """Each window merged with the next (``same_run``: only when both hold the same
+    uninterrupted run of the mode)."""
+    out: list[_Window] = []
+    k, n = 0, len(windows)
+    while k < n:
+        a = windows[k]
+        if k + 1 < n and (not same_run or windows[k + 1].seg_first == a.seg_last):
+            a.merge(windows[k + 1])
+            k += 2
+        else:
+            k += 1
+        out.append(a)
+    return out
+
+
 def _s(ns: int) -> float:
     return float(f"{ns / 1e9:.6g}")
 
@@ -216,16 +259,32 @@ class TimeSeries:
     def __init__(self, offset: int) -> None:
         self.offset = offset
         self._modes: dict[str, _Series] = {}
+        self._last: str | None = None  # the mode of the last step added
+        self._counted = False  # the FLOP-count step was seen (and left out)
         self._lock = threading.Lock()
 
     def add(self, records: Sequence[StepRecord]) -> None:
         """Count a batch of finished steps: work per run of one mode, not per step."""
         with self._lock:
+            if not self._counted and records and records[-1].flops is not None:
+                records = self._without_counted(records)
             for mode, run in groupby(records, _MODE):
                 series = self._modes.get(mode)
                 if series is None:
                     series = self._modes[mode] = _Series()
+                elif self._last != mode:
+                    series.interrupt()
                 series.add(list(run))
+                self._last = mode
+
+    def _without_counted(self, records: Sequence[StepRecord]) -> Sequence[StepRecord]:
+        """The batch without the step FLOPs were counted on (it ran slower: the summary
+        leaves it out of the step times and throughput too)."""
+        self._counted = True
+        i = next(i for i, r in enumerate(records) if r.flops is not None)
+        if records[i].flops.source != SOURCE_MEASURED:
+            return records
+        return [*records[:i], *records[i + 1 :]]
 
     def to_dict(self) -> dict:
         """``{mode: {"width", "t", "wall_s", ..., "phases": {name: [s]}}}``: columns,

@@ -18,6 +18,7 @@ from importlib import resources
 from otel_training.cli.finding import Finding
 from otel_training.cli.report_charts import Colors, compare_charts, run_charts
 from otel_training.cli.report_series import mode_names, require
+from otel_training.cli.words import plural
 from otel_training.version import __version__
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -45,7 +46,7 @@ def _when(rng: dict | None) -> str:
 def _source(report: dict) -> str:
     if report.get("source") == "summary":
         files = report.get("files") or []
-        return f"{len(files)} summary file(s): " + ", ".join(os.path.basename(f) for f in files[:8])
+        return f"{plural(len(files), 'summary file')}: " + ", ".join(os.path.basename(f) for f in files[:8])
     return f"Prometheus {report.get('prometheus')} {report.get('selector')}"
 
 

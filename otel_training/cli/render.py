@@ -8,8 +8,10 @@ import time
 from statistics import median
 
 from otel_training import semconv as sc
+from otel_training.aggregate.coverage import gap_place
 from otel_training.cli.finding import Finding
 from otel_training.cli.verdict import diagnose
+from otel_training.cli.words import plural
 
 BAR = 20
 
@@ -60,7 +62,8 @@ def render_mode(mode: str, m: dict) -> list[str]:
     rates = f"{m['throughput_sps']:,.1f} samples/s"
     if m.get("tokens_per_s"):
         rates += f", {m['tokens_per_s']:,.0f} tokens/s"
-    head = f"{mode}: {m['steps']:,} steps, {m['samples']:,} samples, {rates}, step mean {_ms(m['step_mean_s'])} ms"
+    counts = f"{plural(m['steps'], 'step')}, {plural(m['samples'], 'sample')}"
+    head = f"{mode}: {counts}, {rates}, step mean {_ms(m['step_mean_s'])} ms"
     extra = [f"{k} {_ms(m.get(f'step_{k}_s'))}" for k in ("p50", "p90", "max") if m.get(f"step_{k}_s")]
     if extra:
         head += f" ({', '.join(extra)} ms)"
@@ -146,8 +149,8 @@ def render_coverage(report: dict) -> list[str]:
         )
         if c.get("gaps"):
             line += (
-                f"; {c['outside_s']:.2f} s outside in {c['gaps']} gaps (largest {c['largest_gap_s']:.2f} s "
-                f"after step {c.get('largest_gap_after_step')})"
+                f"; {c['outside_s']:.2f} s outside in {plural(c['gaps'], 'gap')} (largest {c['largest_gap_s']:.2f} s "
+                f"{gap_place(c.get('largest_gap_after_step'))})"
             )
         lines.append(line)
     for f in report.get("self_check") or ():
@@ -181,7 +184,7 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
             f", {time.strftime(fmt, time.localtime(rng['start']))} .. {time.strftime(fmt, time.localtime(rng['end']))}"
         )
     src = (
-        f"{len(report['files'])} summary file(s)"
+        plural(len(report["files"]), "summary file")
         if report["source"] == "summary"
         else f"{report['prometheus']} {report['selector']}"
     )
@@ -227,18 +230,18 @@ def render_summary(summary: dict) -> str:
     for mode, m in summary["modes"].items():
         if not m["steps"]:
             continue
-        rate = m["samples"] / m["wall_s"] if m["wall_s"] and m["samples"] else 0.0
-        head = f"otel-training: {mode} — {m['steps']} steps"
+        rate = m.get("samples_per_s") or 0.0  # over the mode's own step time
+        head = f"otel-training: {mode} — {plural(m['steps'], 'step')}"
         if m.get("microbatches", 0) > m["steps"]:
-            head += f" ({m['microbatches']} micro-batches)"
+            head += f" ({plural(m['microbatches'], 'micro-batch', 'micro-batches')})"
         if m.get("skipped_updates"):
-            head += f" ({m['skipped_updates']} updates skipped)"
+            head += f" ({plural(m['skipped_updates'], 'update')} skipped)"
         head += f", mean step {m['step_mean_s'] * 1e3:.1f} ms"
         head += f" (p90 {m['step_p90_s'] * 1e3:.1f} ms)"
         if rate:
             head += f", {rate:.0f} samples/s"
-        if m.get("tokens") and m["wall_s"]:
-            head += f", {m['tokens'] / m['wall_s']:,.0f} tokens/s"
+        if m.get("tokens_per_s"):
+            head += f", {m['tokens_per_s']:,.0f} tokens/s"
         lines.append(head)
         if m.get("flops"):
             lines.append("  " + compute_text(m["flops"]))
@@ -288,8 +291,8 @@ def coverage_line(summary: dict) -> str:
     line = f"  coverage: {cov['share'] * 100:.1f}% of the training loop's {cov['loop_s']:.1f} s is inside steps"
     if cov.get("gaps"):
         line += (
-            f"; outside: {cov['outside_s']:.2f} s in {cov['gaps']} gap{'s' if cov['gaps'] > 1 else ''}"
-            f" (largest {cov['largest_gap_s']:.2f} s after step {cov['largest_gap_after_step']})"
+            f"; outside: {cov['outside_s']:.2f} s in {plural(cov['gaps'], 'gap')}"
+            f" (largest {cov['largest_gap_s']:.2f} s {gap_place(cov['largest_gap_after_step'])})"
         )
     if cov.get("before_first_step_s"):
         line += f"; start-up {cov['before_first_step_s']:.1f} s before the first step"
@@ -350,8 +353,17 @@ def compute_text(f: dict) -> str:
             text += f" of {_si(f['peak_flop_s'], 'FLOP/s')}" + (f" ({where})" if where else "")
     else:
         text += " (no peak known: OTEL_TRAINING_PEAK_FLOPS gives MFU)"
-    if f.get("source") == "measured" and f.get("count_cost_s") is not None:
-        text += f"; counted once, +{1e3 * f['count_cost_s']:.0f} ms"
+    if f.get("source") == "measured":
+        counted = f.get("counted_step")
+        if counted is not None:
+            text += f"; counted once on train step {counted}"
+            if f.get("counted_step_s") is not None:
+                text += f" ({1e3 * f['counted_step_s']:.0f} ms"
+                if f.get("count_cost_s") is not None:
+                    text += f", +{1e3 * f['count_cost_s']:.0f} ms"
+                text += "), left out of the step times and throughput"
+        elif f.get("count_cost_s") is not None:
+            text += f"; counted once, +{1e3 * f['count_cost_s']:.0f} ms"
     return text
 
 

@@ -5,7 +5,9 @@ Ranks are merged on one time grid of at most ``MAX_POINTS`` bins (each window in
 the bin holding its middle): step time per bin is the total over the total
 (exact); p50/p90 are the step-weighted mean of the windows' own p50/p90 (exact for
 one rank; for ranks in lockstep, their common value); shares are phase seconds
-over step seconds; throughput adds each rank's samples over its wall time.
+over step seconds; throughput adds each rank's samples over its own step time in
+the bin (a mode's throughput counts only the time its steps ran). A mode's line
+breaks where that mode did not run (another mode's bin between two of its own).
 """
 
 from __future__ import annotations
@@ -122,23 +124,26 @@ def run_charts(report: dict, colors: Colors, prefix: str = "") -> list[dict]:
     charts: list[dict] = []
     xlabel = "seconds since the first step"
     if xs:
+        breaks = {m: _breaks(m, xs, per_mode) for m in modes}
         series = []
         for m in modes:
             bins = per_mode[m]
             for q, dash in (("p50", None), ("p90", [6, 4])):
                 values = [_ms(bins[b][q] / bins[b]["q"]) if b in bins and bins[b]["q"] else None for b in xs]
                 if any(v is not None for v in values):
-                    series.append({"label": f"{m} {q}", "values": values, "color": MODE_COLORS.get(m), "dash": dash})
+                    series.append(
+                        {"label": f"{m} {q}", "values": values, "color": MODE_COLORS.get(m), "dash": dash, **breaks[m]}
+                    )
         charts.append(_line(prefix + "step-time", "Step time (p50 / p90 per window)", xs, grid, series, "ms", xlabel))
         tput = []
         for m in modes:
             bins = per_mode[m]
             values = []
             for b in xs:
-                rate = sum(own[2] / own[3] for own in bins[b]["rank"].values() if own[3]) if b in bins else None
+                rate = sum(own[2] / own[1] for own in bins[b]["rank"].values() if own[1]) if b in bins else None
                 values.append(round(rate, 3) if rate is not None else None)
             if any(values):
-                tput.append({"label": f"{m} samples/s", "values": values, "color": MODE_COLORS.get(m)})
+                tput.append({"label": f"{m} samples/s", "values": values, "color": MODE_COLORS.get(m), **breaks[m]})
         if tput:
             charts.append(_line(prefix + "throughput", "Throughput", xs, grid, tput, "/s", xlabel))
     if mode and per_mode.get(mode):
@@ -183,6 +188,19 @@ def run_charts(report: dict, colors: Colors, prefix: str = "") -> list[dict]:
         charts.extend(_rank_charts(prefix, report, grid, per_mode.get(mode) or {}, mode, colors, xlabel))
     charts.extend(_gpu_charts(prefix, report, grid, xlabel))
     return charts
+
+
+def _breaks(mode: str, xs: list[int], per_mode: dict[str, dict[int, dict]]) -> dict:
+    """``{"breaks": [positions in xs]}`` where ``mode``'s line must break: bins between
+    two of its own where another mode ran and it did not (eval passes between training
+    epochs are not joined across the epochs). Other empty positions are spanned."""
+    own = per_mode[mode]
+    at = [k for k, b in enumerate(xs) if b in own]
+    if len(at) < 2:
+        return {}
+    others = {b for m, bins in per_mode.items() if m != mode for b in bins}
+    out = [k for k in range(at[0] + 1, at[-1]) if xs[k] not in own and xs[k] in others]
+    return {"breaks": out} if out else {}
 
 
 def _line(cid: str, title: str, bins: list[int], grid: Grid, series: list[dict], unit: str, xlabel: str) -> dict:

@@ -50,21 +50,31 @@ def add_rank(
     wall: float | None = None,
     tokens: float = 0.0,
     flops: dict | None = None,
+    timed: dict | None = None,
 ) -> dict:
     """Add one rank's numbers for ``mode``; returns that rank's own mode row.
-    ``flops``: the summary's ``flops`` section for this rank (per_step, flop_s, mfu...)."""
+    ``flops``: the summary's ``flops`` section for this rank (per_step, flop_s, mfu...).
+    Throughput is the samples (tokens) over the mode's own summed step time, never
+    over ``wall`` (eval between training epochs spans whole epochs of training).
+    ``timed``: a summary's ``timed_steps``, ``samples_per_s`` and ``tokens_per_s``,
+    its statistics without the FLOP-count step."""
     agg: dict[str, Any] = modes.setdefault(mode, _new_mode())
+    timed_steps = (timed or {}).get("timed_steps", steps)
     own: dict[str, Any] = {
         "steps": int(round(steps)),
         "samples": int(round(samples)),
         "step_time_s": step_time,
-        "step_mean_s": step_time / steps if steps else 0.0,
+        "step_mean_s": step_time / timed_steps if timed_steps else 0.0,
         "phases": {},
         "phase_mean_s": {},
     }
-    own["throughput_sps"] = samples / (wall or step_time) if samples and (wall or step_time) else 0.0
+    own["throughput_sps"] = samples / step_time if samples and step_time else 0.0
     own["tokens"] = int(round(tokens))
-    own["tokens_per_s"] = tokens / (wall or step_time) if tokens and (wall or step_time) else 0.0
+    own["tokens_per_s"] = tokens / step_time if tokens and step_time else 0.0
+    if timed is not None:
+        own["throughput_sps"] = timed.get("samples_per_s") or 0.0
+        own["tokens_per_s"] = timed.get("tokens_per_s") or 0.0
+    agg["_timed"] = agg.get("_timed", 0.0) + timed_steps
     agg["tokens"] += own["tokens"]
     agg["tokens_per_s"] += own["tokens_per_s"]
     if flops:
@@ -80,7 +90,7 @@ def add_rank(
         agg["_phases"][(name, parent)] = (t + total, c + count)
         if parent == sc.SPAN_STEP and step_time:
             own["phases"][name] = total / step_time
-            own["phase_mean_s"][name] = total / steps if steps else 0.0
+            own["phase_mean_s"][name] = total / timed_steps if timed_steps else 0.0
     for name, secs in idle.items():
         agg["gpu_idle_s"][name] = agg["gpu_idle_s"].get(name, 0.0) + secs
     return own
@@ -89,7 +99,7 @@ def add_rank(
 def finish_modes(modes: dict[str, dict]) -> dict[str, dict]:
     """Turn accumulated totals into the summary's ``phases`` list with shares."""
     for m in modes.values():
-        st, steps = m["step_time_s"], m["steps"]
+        st, steps = m["step_time_s"], m.pop("_timed", m["steps"])  # the steps in the statistics
         m["step_mean_s"] = st / steps if steps else 0.0
         m["phases"] = [
             {
@@ -191,6 +201,7 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
                 wall=float(m.get("wall_s") or 0) or None,
                 tokens=float(m.get("tokens") or 0),
                 flops=m.get("flops"),
+                timed=m if "timed_steps" in m else None,
             )
             own.update(
                 rank=s.get("rank"),

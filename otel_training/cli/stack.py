@@ -17,6 +17,8 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from otel_training.cli.words import plural
+
 PROG = "otel-training stack"
 PASSWORD_HINT = "GRAFANA_ADMIN_PASSWORD='choose-one' docker compose up -d"
 
@@ -81,7 +83,8 @@ def init(directory: Path, force: bool = False) -> int:
     differing = [rel for rel in changed if (directory / rel).exists()]
     if differing and not force:
         print(
-            f"{PROG} init: {len(differing)} file(s) in {directory} differ from otel-training's "
+            f"{PROG} init: {plural(len(differing), 'file')} in {directory} "
+            f"{'differs' if len(differing) == 1 else 'differ'} from otel-training's "
             f"({_short(differing)}); nothing written: keep your changes, or overwrite them with --force",
             file=err,
         )
@@ -90,7 +93,7 @@ def init(directory: Path, force: bool = False) -> int:
         _write(directory / rel, wanted[rel])
     note = f", {same} already up to date" if same else ""
     overwritten = f", {len(differing)} overwritten" if differing else ""
-    print(f"otel-training: wrote {len(changed)} stack file(s) to {directory}{overwritten}{note}", file=out)
+    print(f"otel-training: wrote {plural(len(changed), 'stack file')} to {directory}{overwritten}{note}", file=out)
     print(f"next: cd {directory} && {PASSWORD_HINT}   (then http://127.0.0.1:3000, user admin)", file=out)
     return 0
 

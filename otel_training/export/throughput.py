@@ -3,7 +3,8 @@
 ``training.tokens`` and ``training.flops`` are observable counters of the totals so
 far, per mode (FLOPs: training steps once their count is known). ``training.mfu``
 is an observable gauge: at each collection, the FLOPs of the training steps finished
-since the previous collection over their step time, divided by the peak FLOP/s (with
+since the previous collection over their step time, divided by the peak FLOP/s (the
+step the FLOPs were counted on, slower, left out, as in the run summary; with
 no such step meanwhile, the last value is repeated, as the hardware gauges do); no
 point before the first, or without a known peak.
 """
@@ -19,6 +20,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_training import semconv as sc
+from otel_training.record.flops import SOURCE_MEASURED
 
 _MODE = attrgetter("mode")
 _TOKENS = attrgetter("tokens")
@@ -58,6 +60,7 @@ class ThroughputMetrics:
         self._window_ns = 0
         self._peak: float | None = None
         self._mfu: float | None = None  # the last value: repeated while no step finishes
+        self._seen = False  # a step with the FLOP count came (the first is left out of MFU)
 
     def add(self, records: Sequence[Any]) -> None:
         for mode, group in groupby(records, _MODE):
@@ -72,13 +75,18 @@ class ThroughputMetrics:
             # (once known, every training step has it: the usual run needs no filter)
             known = run if run[0].flops is not None else [r for r in run if r.flops is not None]
             flops = count.per_step * len(known)
-            times = list(map(_TIMES, known))
+            timed = known
+            if not self._seen:  # the first step with the count is the one it was counted on
+                self._seen = True
+                if count.source == SOURCE_MEASURED:
+                    timed = known[1:]  # it ran slower (FLOP counting): not in MFU
+            times = list(map(_TIMES, timed))
             ns = sum(map(sub, map(_LAST, times), map(_FIRST, times)))
             with self._lock:
                 if tokens:
                     self._tokens[mode] = self._tokens.get(mode, 0) + tokens
                 self._flops[mode] = self._flops.get(mode, 0.0) + flops
-                self._window_flops += flops
+                self._window_flops += count.per_step * len(timed)
                 self._window_ns += ns
                 self._peak = count.peak
 

@@ -15,6 +15,14 @@ the count itself (nothing is measured; the table's bf16 peak, as nanoGPT's MFU d
 ``0`` turns FLOPs off. Not counted, with one log line: compiled modules (dynamo and
 a dispatch mode do not mix), a step under CUDA graph capture, a step that counts no
 FLOPs (only kernels torch has no formula for).
+
+Before torch 2.5, ``Tensor.data`` of an inference tensor raises while any dispatch
+mode is active ("Cannot set version_counter for inference tensor", pytorch#134798):
+an eval step under ``torch.inference_mode()`` doing ``loss.data`` (timm's validate)
+would fail under the count. Found by trying it, once, inside the first count; where
+it fails, the count is not begun inside inference mode, and ``torch.inference_mode``
+entered on the counting thread ends the count first (it is tried again on a later
+training step).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ class FlopCount(NamedTuple):
     dtype: str | None  # the dtype most FLOPs ran in: bf16, fp16, tf32, fp32, fp8
     device: str | None  # the GPU model, or "cpu"
     source: str  # SOURCE_MEASURED or SOURCE_GIVEN
-    step: int | None = None  # the step counted
+    step: int | None = None  # the train step counted (its ``training.step``)
     cost_s: float | None = None  # how much longer that step took (the one-off cost)
 
 
@@ -71,6 +79,8 @@ class FlopProbe:
         self._last_ns = 0  # duration of the last training step before the count
         self.done = False
         self._mode_class: Any = None
+        self._fragile: bool | None = None  # Tensor.data of inference tensors fails under the count
+        self._guard: Any = None  # (inference_mode class, its own __enter__) while guarded
         # The peak table's module (with the hardware package, ~40 ms cold) is imported
         # now, at instrumentation: imported when the count ends, on the training thread,
         # it would land in the next step's time (found by a timm-shaped loop).
@@ -133,9 +143,48 @@ class FlopProbe:
         counter.__enter__()
         self._counter = counter
         self._thread = threading.get_ident()
+        if self._fragile is None:
+            self._fragile = _data_fails_under_mode(torch)  # inside the count: its first-use cost with it
+        if self._fragile:
+            if torch.is_inference_mode_enabled():
+                self._abort("the counted step ran in inference mode")
+            else:
+                self._guard_inference_mode(torch)
+
+    def _guard_inference_mode(self, torch: Any) -> None:
+        """While counting (torch < 2.5): ``torch.inference_mode()`` entered on the
+        counting thread ends the count before the user's code makes inference tensors."""
+        cls = torch.autograd.grad_mode.inference_mode
+        enter = cls.__dict__["__enter__"]
+        probe = self
+
+        def __enter__(mode: Any) -> Any:
+            try:
+                if probe._counter is not None and mode.mode and threading.get_ident() == probe._thread:
+                    probe._abort("the counted step entered inference mode")
+            except Exception:  # pragma: no cover - never into the user's with
+                pass
+            return enter(mode)
+
+        cls.__enter__ = __enter__
+        self._guard = (cls, enter, __enter__)
+
+    def _unguard(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            cls, enter, ours = guard
+            if cls.__dict__.get("__enter__") is ours:
+                cls.__enter__ = enter
+
+    def _abort(self, why: str) -> None:
+        """End the count now, uncounted; a later training step is counted instead."""
+        self.close()
+        self._tallies.clear()
+        self._retry(why)
 
     def _stop_counting(self, step: Any, train: bool) -> None:
         counter, self._counter = self._counter, None
+        self._unguard()
         counter.__exit__(None, None, None)
         total = counter.get_total_flops()
         if not train or step.error is not None:
@@ -152,7 +201,7 @@ class FlopProbe:
         peak = self._peak if self._peak is not None else _table_peak(dtype, name)
         duration = step.marks[-1] - step.marks[0] if step.marks else 0
         cost = max(0.0, (duration - self._last_ns) / 1e9) if self._last_ns else None
-        step.flops = FlopCount(float(total), peak, dtype, name, SOURCE_MEASURED, cost_s=cost)
+        step.flops = FlopCount(float(total), peak, dtype, name, SOURCE_MEASURED, step=step.index, cost_s=cost)
         self._finish()
 
     def _retry(self, why: str) -> None:
@@ -172,6 +221,7 @@ class FlopProbe:
 
     def close(self) -> None:
         """Leave the counting mode if a count is open (only its own thread can)."""
+        self._unguard()
         counter, self._counter = self._counter, None
         if counter is not None and self._thread == threading.get_ident():
             try:
@@ -202,6 +252,18 @@ def _tallied(formula: Callable, tallies: dict) -> Callable:
         return flops
 
     return count
+
+
+def _data_fails_under_mode(torch: Any) -> bool:
+    """Whether ``Tensor.data`` of an inference tensor raises under the dispatch mode
+    now active (torch < 2.5); tried on a tensor of our own."""
+    with torch.inference_mode():
+        t = torch.zeros(())
+    try:
+        t.data  # noqa: B018
+    except RuntimeError:
+        return True
+    return False
 
 
 def _tf32() -> bool:

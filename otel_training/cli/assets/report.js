@@ -61,7 +61,13 @@
       });
       for (var i = 1; i < raw.length; i++) bands.push({ series: [i + 1, i] });
     } else {
-      raw.forEach(function (vals) { data.push(vals); });
+      // null breaks a line (a mode that did not run there: the spec's breaks);
+      // undefined is spanned (a bin where the mode has no window of its own).
+      spec.series.forEach(function (s, k) {
+        var cut = {};
+        (s.breaks || []).forEach(function (i) { cut[i] = true; });
+        data.push(raw[k].map(function (v, i) { return v == null ? (cut[i] ? null : undefined) : v; }));
+      });
     }
     var series = [{ label: spec.xlabel, value: function (u, v) { return clock(v); } }];
     spec.series.forEach(function (s, k) {
@@ -71,7 +77,7 @@
         width: stacked ? 1 : 1.75,
         dash: s.dash || undefined,
         fill: stacked ? s.color + "cc" : undefined,
-        spanGaps: true,
+        spanGaps: stacked,
         points: { show: !stacked && spec.x.length <= 30, size: 5 },
         value: function (u, v, si, i) { return i == null ? "-" : fmt(spec.unit, raw[k][i]); },
       });
