@@ -175,6 +175,10 @@ def test_compute_advice_leaves_out_what_the_run_does_and_names_the_device():
     text = _advice(diagnose(_summary(_COMPUTE_BOUND, {"optimizer_step": 0.5}, run=done)), "compute_bound")
     assert "mixed precision" not in text and "torch.compile" not in text and "fused" not in text
     assert "raise the batch size while cuda memory allows (the run used 64)" in text
+    launch = _summary(_COMPUTE_BOUND, run=done)
+    launch["gpu_utilization"] = {"mean": 0.3, "min": 0.1}
+    text = _advice(diagnose(launch), "launch_bound")
+    assert "use torch.compile (" not in text and "mode='reduce-overhead'" in text
     bare = {
         "device": "cuda",
         "autocast_dtype": None,

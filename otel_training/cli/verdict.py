@@ -355,7 +355,9 @@ def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Findi
             "the host cannot issue kernels fast enough",
             [
                 "raise the batch size so each kernel does more work",
-                "use torch.compile (mode='reduce-overhead' for CUDA graphs)",
+                "compile with torch.compile(model, mode='reduce-overhead') for CUDA graphs"
+                if (facts or {}).get("compiled")
+                else "use torch.compile (mode='reduce-overhead' for CUDA graphs)",
                 "look for host syncs or Python-heavy code inside forward/backward",
             ],
             phase=batch,
