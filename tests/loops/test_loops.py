@@ -325,3 +325,20 @@ def test_every_shape_names_its_public_loop():
     for name in SHAPES + NEGATIVE:
         first = (HERE / f"{name}.py").read_text().splitlines()[0]
         assert first.startswith("# Shape: "), f"{name}.py: first line is {first!r}"
+
+
+# -- what the run already does (the summary's ``run`` section, for advice that fits it) --
+RUN_FACTS = {  # shape: (run key, what the script does)
+    "amp_gradscaler_skip": ("autocast_dtype", "bfloat16"),
+    "compile_loop": ("compiled", True),
+    "mnist_dataloader": ("autocast_dtype", None),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(RUN_FACTS))
+def test_run_section(loop):
+    """The summary records the device, the autocast dtype seen and a compiled model
+    under ``opentelemetry-instrument``, so advice leaves out what the script does."""
+    run = _get(_summary(loop), "run")
+    key, want = RUN_FACTS[loop.name]
+    assert run["device"] == "cpu" and run[key] == want, f"{loop.name}: run section {run}"
