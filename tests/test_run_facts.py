@@ -53,7 +53,7 @@ def test_a_bf16_autocast_loop_is_not_told_to_use_mixed_precision(instrumented):
     tel.uninstrument()
     summary = tel.runtime.summary_dict()
     run = summary["run"]
-    assert run["device"] == "cpu"
+    assert run["device"] == "cpu" and run["cpus"] >= 1
     assert run["autocast_dtype"] == "bfloat16" and run["autocast_device"] == "cpu"
     assert run["compiled"] is False
     assert run["optimizers"] == [{"class": "AdamW", "fused": True, "foreach": None}]
@@ -157,6 +157,9 @@ def test_data_advice_leaves_out_loader_settings_already_in_place():
     assert "raise prefetch_factor above 4" in text and "cuda device" in text
     copies = _advice(found, "host_to_device")
     assert "pin_memory=True" not in copies and ".to('cuda', non_blocking=True)" in copies
+    # as many workers as CPUs: raising them is not the advice
+    text = _advice(diagnose(_summary(_DATA_BOUND, run={**run, "cpus": 4})), "data_loading")
+    assert "num_workers=4 already has a worker for each of the 4 CPUs" in text and "above 4" not in text
     # one setting missing: that one is proposed, naming the device
     run = {"device": "cuda", "loaders": [{**_LOADER, "pin_memory": False}]}
     text = _advice(diagnose(_summary(_DATA_BOUND, run=run)), "data_loading")

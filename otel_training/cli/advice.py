@@ -83,6 +83,11 @@ def _dataloader_advice(facts: dict | None) -> list[str]:
             "with workers, set persistent_workers=True so they survive between epochs, and "
             "prefetch_factor (default 2) so batches queue up ahead of the step"
         )
+    elif facts and facts.get("cpus") and workers >= int(facts["cpus"]):
+        out.append(
+            f"num_workers={workers} already has a worker for each of the {facts['cpus']} CPUs: more workers "
+            "only help while they wait on I/O; make each sample cheaper (below)"
+        )
     else:
         out.append(f"raise DataLoader num_workers above {workers}, what the run used ({_BENCH})")
         extra = []

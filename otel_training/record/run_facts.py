@@ -124,12 +124,23 @@ class RunFacts:
         auto = self.autocast
         return {
             "device": self.device,
+            "cpus": _cpus(),
             "autocast_dtype": auto["dtype"] if auto else None,
             "autocast_device": auto["device"] if auto else None,
             "compiled": bool(self.compiled or compiled),
             "optimizers": list(opts.values()),
             "loaders": list(self.loaders),
         }
+
+
+def _cpus() -> int | None:
+    """The CPUs this process may run on (what DataLoader workers share)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count()
 
 
 def _autocast_now(device: str | None) -> dict | None:
