@@ -151,6 +151,64 @@ def test_a_compiled_model_is_not_counted_with_one_log_line(instrumented, caplog)
     assert "flops" not in tel.runtime.summary_dict()["modes"]["train"]
 
 
+def _train_then_validate(inference_mode_around_the_loop: bool, epochs: int = 3) -> list:
+    """3 training steps an epoch over a DataLoader, then a timm-style validate:
+    ``loss.data`` under ``torch.inference_mode()`` (around the eval loop, as timm's
+    validate; or inside it, per batch). The eval losses are returned."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = DataLoader(TensorDataset(torch.randn(24, 8), torch.randint(3, (24,))), batch_size=8)
+    evals = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(3, (16,))), batch_size=8)
+    losses: list = []
+
+    def eval_batch(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        reduced = loss.data  # torch < 2.5 raised here under a dispatch mode
+        assert reduced.is_inference()
+        losses.append(reduced.item())
+
+    for _ in range(epochs):
+        model.train()
+        for x, y in train:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        if inference_mode_around_the_loop:
+            with torch.inference_mode():
+                for x, y in evals:
+                    eval_batch(x, y)
+        else:
+            for x, y in evals:
+                with torch.inference_mode():
+                    eval_batch(x, y)
+        torch.randn(())  # an op without tensor arguments: no dispatch key left on
+    return losses
+
+
+@pytest.mark.parametrize("around", [True, False], ids=["inference_mode_around_the_loop", "inside_the_loop"])
+def test_the_count_stays_out_of_inference_mode(instrumented, around):
+    """The count's dispatch mode never runs under ``torch.inference_mode()``: on torch
+    < 2.5 ``Tensor.data`` of an inference tensor raised under it (timm's validate,
+    ``around``); on any torch a count begun outside inference mode and ended inside it
+    left the Python dispatch key on (an internal assert at the next op, ``inside``).
+    The first window after warm-up is an eval step: a later training step is counted."""
+    enter = torch.inference_mode.__dict__["__enter__"]
+    plain = _train_then_validate(around)
+    tel = instrumented()
+    losses = _train_then_validate(around)
+    tel.uninstrument()
+    assert losses == plain  # the user's results, unchanged
+    f = tel.runtime.summary_dict()["modes"]["train"]["flops"]
+    # forward and weight gradients 2 x 2 x 8 x (8x16 + 16x3), the second layer's input gradient 2 x 8 x 16x3
+    assert f["source"] == "measured" and f["per_step"] == 4 * 8 * (8 * 16 + 16 * 3) + 2 * 8 * 16 * 3
+    assert f["counted_step"] > flops_mod.WARMUP - 1  # not the step right after warm-up (an eval step)
+    assert torch.inference_mode.__dict__["__enter__"] is enter  # the guard is gone
+
+
 @pytest.mark.parametrize("name, dtype, expected", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.5e12),
     ("NVIDIA H100 PCIe", "bf16", 756.5e12),

@@ -16,13 +16,14 @@ the count itself (nothing is measured; the table's bf16 peak, as nanoGPT's MFU d
 a dispatch mode do not mix), a step under CUDA graph capture, a step that counts no
 FLOPs (only kernels torch has no formula for).
 
-Before torch 2.5, ``Tensor.data`` of an inference tensor raises while any dispatch
-mode is active ("Cannot set version_counter for inference tensor", pytorch#134798):
-an eval step under ``torch.inference_mode()`` doing ``loss.data`` (timm's validate)
-would fail under the count. Found by trying it, once, inside the first count; where
-it fails, the count is not begun inside inference mode, and ``torch.inference_mode``
-entered on the counting thread ends the count first (it is tried again on a later
-training step).
+The count stays out of ``torch.inference_mode()``: it does not begin inside it, and
+entering it on the counting thread ends the count first (uncounted; a later training
+step is counted instead). ``inference_mode`` saves the thread's dispatch keys on entry
+and restores them on exit, so a count begun outside and ended inside leaves torch's
+Python dispatch key on with no mode behind it (the next op without a tensor argument
+fails an internal assert); and before torch 2.5, ``Tensor.data`` of an inference
+tensor raises under any dispatch mode ("Cannot set version_counter for inference
+tensor", pytorch#134798), as in timm's validate (``loss.data``).
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ class FlopProbe:
         self._last_ns = 0  # duration of the last training step before the count
         self.done = False
         self._mode_class: Any = None
-        self._fragile: bool | None = None  # Tensor.data of inference tensors fails under the count
-        self._guard: Any = None  # (inference_mode class, its own __enter__) while guarded
+        self._guard: Any = None  # (inference_mode, its __enter__, ours) while counting
         # The peak table's module (with the hardware package, ~40 ms cold) is imported
         # now, at instrumentation: imported when the count ends, on the training thread,
         # it would land in the next step's time (found by a timm-shaped loop).
@@ -134,6 +134,9 @@ class FlopProbe:
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self._retry("the step runs under CUDA graph capture")
             return
+        if torch.is_inference_mode_enabled():
+            self._retry("the step runs in inference mode")
+            return
         self._prepare()
         counter = self._mode_class(display=False)
         tallies = self._tallies
@@ -143,24 +146,18 @@ class FlopProbe:
         counter.__enter__()
         self._counter = counter
         self._thread = threading.get_ident()
-        if self._fragile is None:
-            self._fragile = _data_fails_under_mode(torch)  # inside the count: its first-use cost with it
-        if self._fragile:
-            if torch.is_inference_mode_enabled():
-                self._abort("the counted step ran in inference mode")
-            else:
-                self._guard_inference_mode(torch)
+        self._guard_inference_mode(torch)
 
     def _guard_inference_mode(self, torch: Any) -> None:
-        """While counting (torch < 2.5): ``torch.inference_mode()`` entered on the
-        counting thread ends the count before the user's code makes inference tensors."""
+        """While counting: ``torch.inference_mode()`` entered on the counting thread
+        (either mode) ends the count before its guard saves the dispatch keys."""
         cls = torch.autograd.grad_mode.inference_mode
         enter = cls.__dict__["__enter__"]
         probe = self
 
         def __enter__(mode: Any) -> Any:
             try:
-                if probe._counter is not None and mode.mode and threading.get_ident() == probe._thread:
+                if probe._counter is not None and threading.get_ident() == probe._thread:
                     probe._abort("the counted step entered inference mode")
             except Exception:  # pragma: no cover - never into the user's with
                 pass
@@ -252,18 +249,6 @@ def _tallied(formula: Callable, tallies: dict) -> Callable:
         return flops
 
     return count
-
-
-def _data_fails_under_mode(torch: Any) -> bool:
-    """Whether ``Tensor.data`` of an inference tensor raises under the dispatch mode
-    now active (torch < 2.5); tried on a tensor of our own."""
-    with torch.inference_mode():
-        t = torch.zeros(())
-    try:
-        t.data  # noqa: B018
-    except RuntimeError:
-        return True
-    return False
 
 
 def _tf32() -> bool:
