@@ -1,7 +1,9 @@
 """``otel-training stack check DIR``: validate a stack directory written by ``stack init``.
 
 Every fault is one line, ``PATH: what is wrong``: a YAML or JSON file that does not
-parse, a file the compose file mounts that is missing, a dashboard uid that is missing
+parse, a file the compose file mounts that is missing, a Collector pipeline or service
+that names a receiver, processor, exporter, connector or extension its file does not
+define, a dashboard uid that is missing
 or used twice, a data source uid nothing provisions, a metric name that is not in the
 telemetry contract (docs/telemetry.md, shipped as ``otel_training/telemetry.md``), and
 what ``promtool`` / ``amtool`` reject when they are on PATH. Checks that read a file
@@ -30,6 +32,7 @@ PROM_CONFIG = "prometheus/prometheus.yml"
 ALERTMANAGER = "alertmanager/alertmanager.yml"
 DATASOURCES = "grafana/provisioning/datasources"
 DASHBOARDS = "grafana/dashboards"
+COLLECTORS = "collector-config"
 TOOL_TIMEOUT_S = 120
 
 
@@ -84,6 +87,13 @@ def _values(node: Any, key: str) -> Iterator[Any]:
             yield from _values(item, key)
 
 
+def _names(value: Any) -> list[str]:
+    """A Collector service's list of component names (one name alone is a list of one)."""
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
 def _parse(path: Path) -> Any:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
@@ -127,6 +137,7 @@ class Checker:
     def run(self) -> list[str]:
         self.parse_all()
         self.check_compose()
+        self.check_collectors()
         self.check_dashboards()
         self.check_names()
         self.promtool()
@@ -172,6 +183,33 @@ class Checker:
                 source = str(volume).split(":")[0]
                 if source.startswith("./") and not (self.dir / source).exists():
                     self.fail(COMPOSE, f"service {name} mounts {source}, which is missing")
+
+    def check_collectors(self) -> None:
+        """Every component a Collector config's ``service`` names is defined in that file
+        (the Collector itself refuses to start otherwise, after ``docker compose up``)."""
+        for rel, doc in sorted(self.docs.items()):
+            service = doc.get("service")
+            if not rel.startswith(COLLECTORS + "/") or not isinstance(service, dict):
+                continue
+            connectors = set(doc.get("connectors") or {})
+            # a connector is an exporter of one pipeline and a receiver of another
+            defined = {kind: set(doc.get(kind) or {}) for kind in ("receivers", "processors", "exporters")}
+            defined["receivers"] |= connectors
+            defined["exporters"] |= connectors
+            for name in _names(service.get("extensions")):
+                if name not in set(doc.get("extensions") or {}):
+                    self.fail(rel, f"service.extensions names extension {name!r}, which 'extensions' does not define")
+            pipelines = service.get("pipelines")
+            for pipeline, spec in (pipelines if isinstance(pipelines, dict) else {}).items():
+                for kind, known in defined.items():
+                    for name in _names((spec or {}).get(kind) if isinstance(spec, dict) else None):
+                        if name not in known:
+                            have = ", ".join(sorted(known)) or "none"
+                            self.fail(
+                                rel,
+                                f"pipeline {pipeline} names {kind[:-1]} {name!r}, which {kind!r} does not define "
+                                f"(defined: {have})",
+                            )
 
     def _dashboards(self) -> list[str]:
         return [rel for rel in self.docs if rel.startswith(DASHBOARDS + "/") and rel.endswith(".json")]

@@ -63,7 +63,7 @@ def test_init_again_changes_nothing_and_says_so(stack_dir, capsys):
     before = {p: p.stat().st_mtime_ns for p in stack_dir.rglob("*") if p.is_file()}
     code, out, err = _init(stack_dir, capsys=capsys)
     assert code == 0 and not err
-    assert f"wrote 0 stack file(s) to {stack_dir}, {len(before)} already up to date" in out
+    assert f"wrote 0 stack files to {stack_dir}, {len(before)} already up to date" in out
     assert {p: p.stat().st_mtime_ns for p in stack_dir.rglob("*") if p.is_file()} == before
 
 
@@ -80,7 +80,7 @@ def test_init_refuses_to_overwrite_a_changed_file_unless_forced(stack_dir, capsy
 
     code, out, err = _init(stack_dir, "--force", capsys=capsys)
     assert code == 0 and not err
-    assert "wrote 2 stack file(s)" in out and "1 overwritten" in out
+    assert "wrote 2 stack files" in out and "1 overwritten" in out
     assert written(stack_dir) == repository_stack()
 
 
@@ -181,6 +181,19 @@ BROKEN = {
     "data source uid changed": (lambda d: _edit(d / "grafana/provisioning/datasources/datasources.yaml",
                                                 "uid: otel-training-prometheus", "uid: prom"),
                                 "grafana/provisioning/datasources", "no data source has uid 'otel-training-prom"),
+    "collector: undefined exporter": (lambda d: _edit(d / "collector-config/config.yaml",
+                                                      "exporters: [otlp_grpc/tempo]", "exporters: [otlp_grpc/tmpo]"),
+                                      "collector-config/config.yaml",
+                                      "pipeline traces names exporter 'otlp_grpc/tmpo', which 'exporters' does not "
+                                      "define (defined: otlp_grpc/tempo, otlp_http/prometheus)"),
+    "collector: undefined processor": (lambda d: _edit(d / "collector-config/gateway.yaml", "processors: [memory_limiter,",
+                                                       "processors: [memory_limit,"),
+                                       "collector-config/gateway.yaml", "names processor 'memory_limit'"),
+    "collector: undefined extension": (lambda d: _edit(d / "collector-config/agent.yaml",
+                                                       "extensions: [health_check, bearertokenauth/gateway]",
+                                                       "extensions: [health_check, bearertokenauth/gw]"),
+                                       "collector-config/agent.yaml",
+                                       "service.extensions names extension 'bearertokenauth/gw'"),
     "prometheus.yml: no mapping": (lambda d: (d / "prometheus/prometheus.yml").write_text("- a\n"),
                                    "prometheus/prometheus.yml", "expected a mapping at the top, found list"),
 }
