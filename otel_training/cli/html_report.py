@@ -55,7 +55,7 @@ def _cards(report: dict) -> str:
     for mode in mode_names(report):
         m = report["modes"][mode]
         items = [
-            (f"{m['steps']:,}", f"{mode} steps"),
+            (f"{m['steps']:,}", f"{mode} step" + ("" if m["steps"] == 1 else "s")),
             (_ms(m.get("step_mean_s")), "mean step"),
             (_ms(m.get("step_p50_s")) if m.get("step_p50_s") else "-", "p50 step"),
             (_ms(m.get("step_p90_s")) if m.get("step_p90_s") else "-", "p90 step"),
