@@ -8,7 +8,7 @@ over step boundaries; DataLoader waits inside it become ``dataloader_next``).
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import Any, Literal
 
 from otel_training import runtime as _runtime
 
@@ -36,13 +36,16 @@ class step(contextlib.ContextDecorator):
 
 
 class phase(contextlib.ContextDecorator):
-    """A user-named phase: ``with otel_training.phase("augment"): ...``."""
+    """A user-named phase: ``with otel_training.phase("augment"): ...``. Inside a step
+    it is one of the step's phases; with no step open (a checkpoint between epochs,
+    a save after the last step) it is named time between steps."""
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("otel_training.phase() needs a non-empty name")
         self.name = name
         self._opened = False
+        self._between: Any = None  # with no step open: named time between steps (its record)
 
     def _recreate_cm(self):
         # As a decorator, each call gets its own instance: the open/closed state
@@ -52,15 +55,27 @@ class phase(contextlib.ContextDecorator):
     def __enter__(self):
         rt = _runtime.current()
         self._opened = False
+        self._between = None
         if rt is not None:
             try:
-                if rt.tracker.on_training_thread():
-                    self._opened = rt.tracker.begin_phase(self.name)
+                tracker = rt.tracker
+                if tracker.on_training_thread():
+                    self._opened = tracker.begin_phase(self.name)
+                    if not self._opened:  # no step open: a checkpoint between epochs
+                        self._between = tracker.begin_between(self.name)
             except Exception as exc:
                 rt.on_error("api", exc)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        if self._between is not None:
+            rt = _runtime.current()
+            if rt is not None:
+                try:
+                    rt.tracker.end_between(self._between, exc)
+                except Exception as err:
+                    rt.on_error("api", err)
+            self._between = None
         if self._opened:
             rt = _runtime.current()
             if rt is not None:

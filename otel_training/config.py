@@ -1,7 +1,8 @@
 """Parse the ``OTEL_TRAINING_*`` environment variables into one immutable Config.
 
 A malformed value raises :class:`ConfigError`, whose message is one line naming
-the variable and the accepted values; entry points print it and stop.
+each malformed variable and the values it accepts (every one, not only the first);
+entry points print it and stop.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from otel_training.record.step_assembly import BOUNDARIES
 
 
 class ConfigError(ValueError):
-    """A configuration variable holds a value we do not accept."""
+    """A configuration variable holds a value we do not accept. ``problems``: one
+    message per malformed variable (the error's text joins them with ``; ``)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -156,12 +162,40 @@ def variables() -> list:
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:
-    """Read the configuration; raises ConfigError on the first malformed value."""
+    """Read the configuration; raises one ConfigError naming every malformed value."""
     env = os.environ if environ is None else environ
     values = {}
+    problems: list[str] = []
     for field_name, (var, parse) in _SPEC.items():
         raw = env.get(var)
         if raw is None or raw.strip() == "":
             continue
-        values[field_name] = parse(var, raw)
+        try:
+            values[field_name] = parse(var, raw)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
     return Config(**values)
+
+
+def default_text(var: str) -> str:
+    """What an unset ``var`` means, in words (``auto``, ``true``, ``not written``)."""
+    field_name = next(f for f, (v, _) in _SPEC.items() if v == var)
+    if field_name in _DEFAULT_WORDS:
+        return _DEFAULT_WORDS[field_name]
+    value = getattr(Config(), field_name)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_DEFAULT_WORDS = {
+    "summary_file": "no summary file",
+    "trace_file": "no trace file",
+    "flops_per_step": "counted once on a real step",
+    "peak_flops": "the GPU model's datasheet peak",
+    "integrations": "all (lightning, transformers)",
+}

@@ -144,6 +144,7 @@ class Runtime:
         )
         self._started_ns = time.perf_counter_ns()
         assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)
+        assembler.between_sink = self.pipeline.submit_between  # named time between steps
         self.tracker = Tracker(assembler, self.timer)
         self.perf.attach(assembler, self.pipeline.submit, self.tracker, lambda: self.module_hooks)
         self.module_hooks: Any = None  # RootModuleHooks, once installed

@@ -24,7 +24,7 @@ BATCH_CHILDREN = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER_STEP)
 
 # --- attributes --------------------------------------------------------------
 ATTR_HOST_NAME = "host.name"
-ATTR_MODE = "training.mode"  # "train" | "eval"
+ATTR_MODE = "training.mode"  # "train" | "eval" | "between_steps"
 ATTR_PHASE = "training.phase"
 ATTR_PHASE_PARENT = "training.phase.parent"  # "step" for top-level phases
 ATTR_STEP = "training.step"
@@ -48,6 +48,9 @@ ATTR_HW_ID = "hw.id"  # the GPU's UUID (memory metrics of a CUDA device), as the
 
 MODE_TRAIN = "train"
 MODE_EVAL = "eval"
+# A user's phase() with no step open (a checkpoint between epochs): named time between
+# steps. Its mode, and the parent of its top-level phases.
+MODE_BETWEEN = "between_steps"
 
 # --- training metrics ----------------------------------------------------------
 METRIC_STEP_DURATION = "training.step.duration"

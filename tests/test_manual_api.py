@@ -157,14 +157,16 @@ def test_manual_step_marks_errors_and_lets_them_through(instrumented):
     assert ok.root.status.status_code.name == "UNSET"
 
 
-def test_phase_outside_any_step_records_nothing(instrumented):
+def test_phase_outside_any_step_is_named_time_between_steps(instrumented):
     tel = instrumented()
     with otel_training.phase("setup"):
         spin(0.001)
     with otel_training.step():
         pass
-    (s,) = tel.steps()
-    assert s.top_level() == []
+    setup, step = sorted(tel.steps(), key=lambda t: t.root.name)
+    assert step.root.name == "step" and step.top_level() == []  # not the step's
+    assert setup.root.name == "setup" and setup.root.parent is None  # a span of its own
+    assert setup.root.attributes["training.mode"] == "between_steps"
 
 
 def test_no_ops_when_not_instrumented():

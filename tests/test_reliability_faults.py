@@ -51,6 +51,8 @@ ENTRY_POINTS = [
     ("otel_training.api", "__enter__", "begin_phase"),
     ("otel_training.api", "__exit__", "finish_step"),
     ("otel_training.api", "__exit__", "end_phase"),
+    ("otel_training.api", "__enter__", "begin_between"),  # phase() with no step open
+    ("otel_training.api", "__exit__", "end_between"),
     ("otel_training.export.progress", "open_phase_seconds", "open_phase_start"),
     ("otel_training.runtime", "shutdown", "close"),
 ]
@@ -127,6 +129,8 @@ def training_loop():
             sched.step()
             losses.append(loss.item())
             _ = out.detach().cpu().tolist()
+        with otel_training.phase("checkpoint"):  # between epochs: named time between steps
+            _ = [p.detach().clone() for p in model.parameters()]
     with otel_training.step():
         torch.autograd.backward(model(torch.randn(2, 8)).sum())
     return losses, [p.detach().clone() for p in model.parameters()]

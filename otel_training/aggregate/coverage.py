@@ -1,10 +1,15 @@
-"""Coverage: how much of the training loop's wall time lies inside steps, and the
-self-check that says when step detection is in doubt (docs/steps.md)."""
+"""Coverage: how much of the training loop's wall time lies inside steps (or in
+time the user named between steps), and the self-check that says when step
+detection is in doubt (docs/steps.md)."""
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
+
+from otel_training.semconv import MODE_TRAIN
 
 _GAP_NS = 1_000_000  # gaps shorter than this are counted in the time, not as gaps
 # Self-check thresholds (docs/steps.md).
@@ -13,6 +18,8 @@ CHECK_MICROBATCHES = 512
 CHECK_LONGEST_SHARE = 0.5
 CHECK_LONGEST_MICROBATCHES = 4
 CHECK_ONLY_STEP_MICROBATCHES = 32  # a run of one step holding this many backward passes
+_RECENT_GAPS = 1024  # gaps a named phase that held steps can still claim as its own
+_MAX_NAMES = 64  # names of named time between steps listed (the rest: "(other)")
 
 
 class Coverage:
@@ -33,6 +40,10 @@ class Coverage:
         "longest_microbatches",
         "max_microbatches",
         "max_microbatches_index",
+        "named_ns",
+        "named",
+        "_recent",
+        "_after",
         "_lock",
     )
 
@@ -49,6 +60,10 @@ class Coverage:
         self.longest_microbatches = 0
         self.max_microbatches = 0
         self.max_microbatches_index: int | None = None
+        self.named_ns = 0  # loop time in named phases between steps (not in a step)
+        self.named: dict[str, list] = {}  # name -> [count, total ns] of named time between steps
+        self._recent: deque[list[int]] = deque(maxlen=_RECENT_GAPS)  # [start, end] of the last gaps
+        self._after = -1  # the last train step delivered (-1: none yet)
         self._lock = threading.Lock()
 
     def add(self, records: Sequence) -> None:
@@ -60,11 +75,16 @@ class Coverage:
                 start = host[0]
                 if start > last_end:  # after the last train step before it (train numbering)
                     self._gap(start - last_end, r.train_before - 1, start)
-                last_end = host[-1]
+                end = host[-1]
+                if end > last_end:  # (a step that began inside named time may end before it)
+                    last_end = end
                 if r.microbatches > 1:
-                    self._merged(r.number, r.microbatches, last_end - start)
+                    self._merged(r.number, r.microbatches, end - start)
             self.last_end = last_end
             self.steps += len(records)
+            if records:  # the last train step so far (train numbering), for named time after it
+                r = records[-1]
+                self._after = r.train_before - (r.mode != MODE_TRAIN)
 
     def _gap(self, ns: int, after: int, start: int) -> None:
         """``ns`` between step ``after`` and the next (the first step: none)."""
@@ -72,10 +92,54 @@ class Coverage:
             self.first_start = start
             return
         self.outside += ns
+        self._recent.append([start - ns, start])
         if ns >= _GAP_NS:
             self.gaps += 1
         if ns > self.largest_gap:
             self.largest_gap, self.largest_gap_after = ns, after
+
+    def add_between(self, record: Any) -> None:
+        """Named time between steps (an ``aggregate.between.BetweenRecord``), after
+        the steps that began before it: accounted for, and listed by name."""
+        with self._lock:
+            named = self.named
+            p = record.phases[0]  # the outermost (the phases nested in it are in its time)
+            name = p.name if p.name in named or len(named) < _MAX_NAMES else "(other)"
+            slot = named.get(name)
+            if slot is None:
+                slot = named[name] = [0, 0]
+            slot[0] += 1
+            slot[1] += p.end - p.start
+            if self.first_start is None:
+                return  # before the first step: listed, outside the loop
+            start, end = max(record.start, self.first_start), record.end
+            last_end = self.last_end
+            if start < last_end:  # steps ran inside it: the gaps between them are named
+                self._claim(start, min(end, last_end))
+            if end > last_end:
+                if start > last_end:  # the unnamed time before it
+                    self._gap(start - last_end, self._after, start)
+                    last_end = start
+                self.named_ns += end - last_end
+                self.last_end = end
+
+    def _claim(self, start: int, end: int) -> None:
+        """The recent gaps' time within [start, end] is named, not outside."""
+        recent = self._recent
+        kept: list[list[int]] = []
+        while recent and recent[-1][1] > start:
+            a, b = recent.pop()
+            lo, hi = max(a, start), min(b, end)
+            if hi > lo:
+                self.outside -= hi - lo
+                self.named_ns += hi - lo
+                if b > hi:
+                    kept.append([hi, b])
+                if lo > a:
+                    kept.append([a, lo])
+            else:
+                kept.append([a, b])
+        recent.extend(sorted(kept))
 
     def _merged(self, index: int, micro: int, duration: int) -> None:
         """Step ``index`` held ``micro`` > 1 micro-batches in ``duration`` ns."""
@@ -91,11 +155,20 @@ class Coverage:
 
     def _to_dict(self, started_ns: int | None) -> dict:
         loop = (self.last_end - self.first_start) if self.first_start is not None else 0
-        inside = loop - self.outside
+        inside = loop - self.outside - self.named_ns
+        accounted = loop - self.outside
+        empty = 1.0 if self.first_start is not None else 0.0
         out = {
             "loop_s": loop / 1e9,
             "in_steps_s": inside / 1e9,
-            "share": inside / loop if loop > 0 else (1.0 if self.first_start is not None else 0.0),
+            "share": inside / loop if loop > 0 else empty,
+            # named time between steps (the user's phase() with no step open) is accounted for
+            "named_s": self.named_ns / 1e9,
+            "accounted_share": accounted / loop if loop > 0 else empty,
+            "named": [
+                {"name": name, "count": count, "total_s": ns / 1e9}
+                for name, (count, ns) in sorted(self.named.items(), key=lambda kv: -kv[1][1])
+            ],
             "outside_s": self.outside / 1e9,
             "gaps": self.gaps,
             "largest_gap_s": self.largest_gap / 1e9,
@@ -150,13 +223,13 @@ class Coverage:
                 {
                     "kind": "low_coverage",
                     "cause": (
-                        f"{1 - share:.0%} of the training loop's {loop / 1e9:.1f} s is outside steps "
+                        f"{1 - share:.0%} of the training loop's {loop / 1e9:.1f} s is outside steps and named phases "
                         f"(largest gap {self.largest_gap / 1e9:.2f} s {gap_place(self.largest_gap_after)}): "
                         "work between loops that runs no model forward, or a loop not detected"
                     ),
                     "fix": (
-                        "wrap that work in otel_training.phase(name) inside a step, mark steps with "
-                        "otel_training.step(), or set OTEL_TRAINING_STEP_BOUNDARY"
+                        "wrap that work in otel_training.phase(name) (between steps it is named time), "
+                        "mark steps with otel_training.step(), or set OTEL_TRAINING_STEP_BOUNDARY"
                     ),
                 }
             )

@@ -17,12 +17,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from otel_training.aggregate.between import resolve_between
 from otel_training.aggregate.coverage import Coverage
 from otel_training.aggregate.record import Resolver, SentShapes, StepRecord
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary
 from otel_training.aggregate.timeseries import TimeSeries
-from otel_training.record.timeline import StepTimeline
+from otel_training.record.timeline import BetweenSteps, StepTimeline
 
 _MAX_PENDING = 4096
 # Steps are processed in batches, every _POLL_S: a batch runs with warmer caches and
@@ -64,6 +65,7 @@ class Pipeline:
         self.timeseries = TimeSeries(offset) if timeseries else None
         self._trace_file = trace_file  # OTEL_TRAINING_TRACE_FILE: traced steps as Chrome trace events
         self._resolver = Resolver(timer, capture)
+        self._capture = capture
         self._spans = spans
         self._metrics = metrics
         self._timer = timer
@@ -93,6 +95,14 @@ class Pipeline:
         queue.append(step)
         if pending == _WAKE_AT:
             self._wake.set()
+
+    def submit_between(self, group: BetweenSteps) -> None:
+        """Named time between steps (the assembler hands it on in time order with the
+        steps): queued with them."""
+        if len(self._queue) >= _MAX_PENDING:
+            self._telemetry.drop_steps(1)
+            return
+        self._queue.append(group)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -170,6 +180,11 @@ class Pipeline:
                     continue
                 if record is not None:
                     batch.append(record)
+                elif step.__class__ is BetweenSteps:  # (it has no marks: no step record)
+                    # Named time between steps: the steps before it go first.
+                    self._deliver(batch)
+                    batch = []
+                    self._deliver_between(step)
                 if clock() >= slice_end:
                     break
             if len(batch) >= _MAX_BATCH:
@@ -205,6 +220,25 @@ class Pipeline:
             self._metrics.add(batch, contexts)
         except Exception as exc:
             telemetry.internal_error("pipeline", exc)
+
+    def _deliver_between(self, group: BetweenSteps) -> None:
+        """Named time between steps to the consumers that read it."""
+        telemetry = self._telemetry
+        try:
+            record = resolve_between(group, self._capture)
+        except Exception as exc:  # our bug: count it, keep going
+            telemetry.internal_error("pipeline", exc)
+            return
+        if record is None:
+            return
+        for consumer in (self.coverage, self._spans, self._trace_file, self._metrics, *self.consumers):
+            add = getattr(consumer, "add_between", None)
+            if add is None:
+                continue
+            try:
+                add(record)
+            except Exception as exc:
+                telemetry.internal_error("pipeline", exc)
 
 
 def drain_interval(export_interval_s: float | None) -> float:

@@ -77,6 +77,10 @@ class TailCapture:
             return None
         return reason if self._take(end_ns, 1.0) else None
 
+    def take(self, now_ns: int) -> bool:
+        """A token for a trace that is no step's (named time between steps)."""
+        return self._take(now_ns, 1.0)
+
     def _take(self, now_ns: int, least: float) -> bool:
         """Take a token if at least ``least`` are in the bucket."""
         if self._last_refill is not None:

@@ -28,22 +28,31 @@ def _usage() -> str:
 
 
 def show_config(argv: list[str] | None = None) -> int:
-    """Print each variable with its current value; exit 2 if any is malformed."""
+    """Print each variable with its value, or what it means unset (``(default: auto)``);
+    a malformed one says INVALID and what it accepts, and the status is 2."""
     import os
 
-    from otel_training.config import ConfigError, load_config, variables
+    from otel_training.config import ConfigError, default_text, load_config, variables
 
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: otel-training config\n\n" + _COMMANDS["config"][1] + " (exit status 2 if any is malformed)")
+        return 0
+    if argv:
+        print(f"otel-training config: takes no arguments (got {' '.join(argv)})", file=sys.stderr)
+        return 2
     status = 0
+    width = max(len(var) for var in variables())
     for var in variables():
         raw = os.environ.get(var)
+        if raw is None or not raw.strip():
+            print(f"{var:<{width}}  (default: {default_text(var)})")
+            continue
         try:
-            load_config({var: raw} if raw is not None else {})
-            note = "" if raw is not None else "(default)"
+            load_config({var: raw})
+            print(f"{var:<{width}}  {raw}")
         except ConfigError as exc:
-            note, status = f"INVALID: {exc}", 2
-        print(f"{var}={raw if raw is not None else ''} {note}".rstrip())
-    if status == 0:
-        print(load_config())
+            status = 2
+            print(f"{var:<{width}}  {raw}  INVALID: {exc}")
     return status
 
 

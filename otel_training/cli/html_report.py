@@ -73,6 +73,10 @@ def _cards(report: dict) -> str:
         out.append(
             f'<p class="meta">GPU utilization: mean {100 * gpu["mean"]:.1f}%, lowest {100 * gpu["min"]:.1f}%</p>'
         )
+    from otel_training.cli.render import render_coverage
+
+    # coverage, with the named time between steps (a checkpoint between epochs)
+    out.extend(f'<p class="meta">{_e(line)}</p>' for line in render_coverage({"coverage": report.get("coverage")}))
     return "".join(out)
 
 

@@ -146,6 +146,7 @@ def render_coverage(report: dict) -> list[str]:
         who = f"rank {c['rank']} " if len(ranks) > 1 and c.get("rank") is not None else ""
         line = (
             f"coverage: {who}{_pct(c.get('share'))} of the training loop's {c.get('loop_s', 0):.1f} s is inside steps"
+            + named_text(c)
         )
         if c.get("gaps"):
             line += (
@@ -289,6 +290,7 @@ def coverage_line(summary: dict) -> str:
     if not cov or not cov.get("loop_s"):
         return ""
     line = f"  coverage: {cov['share'] * 100:.1f}% of the training loop's {cov['loop_s']:.1f} s is inside steps"
+    line += named_text(cov)
     if cov.get("gaps"):
         line += (
             f"; outside: {cov['outside_s']:.2f} s in {plural(cov['gaps'], 'gap')}"
@@ -311,6 +313,24 @@ def verdict_lines(finding: Finding, advice: int = 3) -> list[str]:
     return [f"verdict: {finding.title}" + (f" ({detail})" if detail else "")] + [
         f"  - {a}" for a in finding.advice[:advice]
     ]
+
+
+def named_text(cov: dict) -> str:
+    """``, 12.0% in named phases between steps (checkpoint 2 × 0.41 s, save 0.30 s)``:
+    the user's ``phase(name)`` with no step open, by name (empty without any)."""
+    named = cov.get("named") or []
+    if not named:
+        return ""
+    loop = cov.get("loop_s") or 0.0
+    share = f"{cov.get('named_s', 0.0) / loop * 100:.1f}% " if loop > 0 else ""
+    parts = [
+        f"{n['name']} {n['count']} × {n['total_s'] / n['count']:.2f} s"
+        if n["count"] > 1
+        else f"{n['name']} {n['total_s']:.2f} s"
+        for n in named[:6]
+    ]
+    more = f", {len(named) - 6} more" if len(named) > 6 else ""
+    return f", {share}in named phases between steps ({', '.join(parts)}{more})"
 
 
 def self_check_lines(finding: dict, indent: str = "", who: str = "") -> list[str]:

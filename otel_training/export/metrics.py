@@ -99,6 +99,19 @@ class StepMetrics:
                 if record.idle_ns:
                     self._add_idle(record.mode, record.idle_ns)
 
+    def add_between(self, record: Any) -> None:
+        """Named time between steps (``aggregate.between.BetweenRecord``): a
+        ``training.phase.duration`` point per phase, ``training.mode="between_steps"``."""
+        mode = sc.MODE_BETWEEN
+        values = [(self.phase_handle(mode, (p.name, p.parent)), (p.end - p.start) / 1e9) for p in record.phases]
+        bank = self.bank
+        if bank is not None:
+            with bank.lock:
+                bank.add_all(values)
+        else:
+            for attrs, seconds in values:
+                self._phase.record(seconds, attrs)
+
     def _record_one(self, r: StepRecord, context: Any) -> None:
         handle = self.phase_handle
         mode = r.mode

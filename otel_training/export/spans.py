@@ -101,6 +101,27 @@ class StepSpans:
                 out[id(record)] = trace.set_span_in_context(self._emit(record))
         return out
 
+    def add_between(self, record: Any) -> None:
+        """Named time between steps (``aggregate.between.BetweenRecord``), when traced:
+        a root span of its own (under no step), its nested named phases under it."""
+        if not record.traced:
+            return
+        tracer, offset = self._tracer, self._offset
+        spans: list = []
+        for p in record.phases:
+            attrs = dict(self._attrs) if p.up < 0 else dict(self._inherited)
+            attrs[sc.ATTR_MODE] = sc.MODE_BETWEEN
+            attrs[sc.ATTR_HOST_DURATION] = (p.end - p.start) / 1e9
+            context = _ROOT_CONTEXT if p.up < 0 else trace.set_span_in_context(spans[p.up])
+            spans.append(tracer.start_span(p.name, context=context, start_time=p.start + offset, attributes=attrs))
+        error = record.error
+        if error is not None:
+            spans[0].set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            spans[0].record_exception(error)
+        for span, p in reversed(list(zip(spans, record.phases))):
+            span.end(end_time=p.end + offset)
+        self._telemetry.spans_created_add(len(spans))
+
     def _emit(self, record: Any) -> Any:
         attrs = dict(self._attrs)
         attrs.update(step_attributes(record))

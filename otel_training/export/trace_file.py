@@ -95,6 +95,44 @@ class TraceFile:
                     self._bytes -= len(self._steps.popleft())
                     self.dropped += 1
 
+    def add_between(self, record: Any) -> None:
+        """Named time between steps (``aggregate.between.BetweenRecord``), when traced:
+        one event per named phase, category ``between_steps``, under no step."""
+        if not record.traced:
+            return
+        tid = self._tid()
+        with self._lock:
+            if self.base is None:
+                self.base = (record.start + self.offset) // DAY_NS * DAY_NS
+            offset = self.offset - self.base
+            events = []
+            for p in record.phases:
+                args: dict[str, Any] = {sc.ATTR_MODE: sc.MODE_BETWEEN, sc.ATTR_HOST_DURATION: (p.end - p.start) / 1e9}
+                if p.up < 0 and record.error is not None:
+                    args["error"] = f"{type(record.error).__name__}: {record.error}"
+                events.append(
+                    {
+                        "name": p.name,
+                        "cat": sc.MODE_BETWEEN,
+                        "ph": "X",
+                        "ts": _us(p.start + offset),
+                        "dur": _us(p.end - p.start),
+                        "pid": self.pid,
+                        "tid": tid,
+                        "args": args,
+                    }
+                )
+            chunk = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
+            if self._first is None:
+                self._first = chunk
+                self._bytes += len(chunk)
+                return
+            self._steps.append(chunk)
+            self._bytes += len(chunk)
+            while self._bytes > self.max_bytes and self._steps:
+                self._bytes -= len(self._steps.popleft())
+                self.dropped += 1
+
     def _tid(self) -> int:
         ident = self._thread()
         if ident is None or ident < 0:

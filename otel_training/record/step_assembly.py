@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from otel_training.record.timeline import StepTimeline
+from otel_training.record.timeline import BetweenSteps, StepTimeline
 
 BOUNDARY_AUTO = "auto"
 BOUNDARY_OPTIMIZER = "optimizer"
@@ -64,6 +64,10 @@ class StepAssembler:
         self._pending: StepTimeline | None = None  # backward passes awaiting their update
         self._pending_pieces = 0
         self._held: StepTimeline | None = None  # an update another optimizer may join
+        # Named time between steps (record/timeline.py BetweenSteps) goes to this sink
+        # (None: dropped), after every step that began before it.
+        self.between_sink: Callable[[BetweenSteps], None] | None = None
+        self._waiting: list[BetweenSteps] = []  # named time behind a held step
 
     def set_sink(self, sink: Callable[[StepTimeline], None]) -> None:
         """Hand finished steps to ``sink`` from now on (the FLOP probe leaves the path)."""
@@ -130,6 +134,14 @@ class StepAssembler:
             self._resolve()
             self._emit(piece)
 
+    def add_between(self, group: BetweenSteps) -> None:
+        """Named time between steps, ended: handed on at once, or after the steps held
+        now (they began before it), so the pipeline gets everything in time order."""
+        if self.idle() and not self._waiting:
+            self._hand_between(group)
+        else:
+            self._waiting.append(group)
+
     def close(self) -> None:
         """The run ends: hand on what is held; a trailing wait is no step."""
         self._resolve()
@@ -137,6 +149,18 @@ class StepAssembler:
         self._prefix_batches = 0
         if prefix is not None:
             self._drop(prefix)
+        self._flush_waiting(None)
+
+    def _flush_waiting(self, before: int | None) -> None:
+        """Hand on the named time waiting that began before ``before`` (ns; None: all)."""
+        waiting = self._waiting
+        while waiting and (before is None or waiting[0].times[0] <= before):
+            self._hand_between(waiting.pop(0))
+
+    def _hand_between(self, group: BetweenSteps) -> None:
+        sink = self.between_sink
+        if sink is not None:
+            sink(group)
 
     # -- grouping ------------------------------------------------------------------------
     def _with_prefix(self, piece: StepTimeline) -> StepTimeline:
@@ -214,7 +238,11 @@ class StepAssembler:
             step.index = self._eval
             self._eval += 1
         self._next += 1
+        if self._waiting:  # named time that began before this step goes first
+            self._flush_waiting(step.marks[0])
         self._sink(step)
+        if self._waiting and self.idle():
+            self._flush_waiting(None)
 
     @property
     def steps(self) -> int:

@@ -117,3 +117,20 @@ def has_work(step: StepTimeline) -> bool:
         if rec.name != sc.PHASE_DATALOADER_NEXT:
             return True
     return False
+
+
+class BetweenSteps:
+    """A user's named phase with no step open (a checkpoint between epochs, a save
+    after the last step), with the named phases inside it: named time between steps.
+    Handed to the pipeline as a record of its own when its outermost phase ends."""
+
+    __slots__ = ("times", "phases", "error")
+
+    # No step marks: the resolver gives a timeline without two marks no record, so the
+    # pipeline tells this apart from a step only on that rare path.
+    marks: tuple = ()
+
+    def __init__(self) -> None:
+        self.times: list[int] = []  # host ns (perf_counter_ns) the phases start and end at
+        self.phases: list[PhaseRecord] = []  # the outermost first; ``up`` links nesting
+        self.error: BaseException | None = None  # raised inside it (the first)

@@ -25,7 +25,7 @@ from otel_training.record.phase_stack import PhaseStack, grad_enabled
 from otel_training.record.run_facts import RunFacts
 from otel_training.record.steady import LEARN_AFTER, Steady
 from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
-from otel_training.record.timeline import PhaseRecord, StepTimeline, has_work
+from otel_training.record.timeline import BetweenSteps, PhaseRecord, StepTimeline, has_work
 
 _FORWARD = sc.PHASE_FORWARD
 _BACKWARD = sc.PHASE_BACKWARD
@@ -77,6 +77,9 @@ class Tracker(PhaseStack):
         # A loop that repeats one piece is recorded by its clock readings (record/steady.py):
         # DataLoader pieces opened before it learns the piece.
         self._learn_in = LEARN_AFTER or -1
+        # Named time between steps: the user's phases opened with no step open.
+        self._between: BetweenSteps | None = None
+        self._between_stack: list[PhaseRecord] = []
         self.steady = Steady(self)
 
     # ------------------------------------------------------------------ basics
@@ -151,6 +154,8 @@ class Tracker(PhaseStack):
         """Ignore every hook from now on (a forked child, a DataLoader worker)."""
         self.thread = _NOBODY
         self.step = None
+        self._between = None
+        self._between_stack = []
 
     def now(self) -> int:
         """The tracker's clock (host ns)."""
@@ -191,12 +196,67 @@ class Tracker(PhaseStack):
             self._timer.release(step.tokens)
 
     def close(self) -> None:
-        """The run ends: the open piece and whatever the assembler holds are handed on."""
+        """The run ends: the open piece, named time between steps still open, and
+        whatever the assembler holds are handed on."""
         if self.step is not None:
             self.finish_step()
+        if self._between_stack:
+            self.end_between(self._between_stack[0])
         self.assembler.close()
 
     # ------------------------------------------------------------------ phases
+    def begin_between(self, name: str) -> PhaseRecord | None:
+        """The user's ``phase(name)`` with no step open: named time between steps (a
+        checkpoint between epochs, a save after the last step). Its record, or None
+        while a step is open."""
+        if self.step is not None:
+            return None
+        group = self._between
+        if group is None:
+            group = self._between = BetweenSteps()
+        times = group.times
+        times.append(self._clock())
+        stack = self._between_stack
+        up = stack[-1] if stack else None
+        rec = PhaseRecord(name, up.name if up is not None else sc.MODE_BETWEEN, len(times) - 1, False, up)
+        group.phases.append(rec)
+        stack.append(rec)
+        return rec
+
+    def end_between(self, rec: PhaseRecord, error: BaseException | None = None) -> None:
+        """End ``rec`` (and what is still open inside it); the outermost hands the
+        named time on to the pipeline, in time order with the steps."""
+        stack = self._between_stack
+        group = self._between
+        if group is None or rec not in stack:
+            return
+        times = group.times
+        times.append(self._clock())
+        end = len(times) - 1
+        while stack:
+            top = stack.pop()
+            top.end = end
+            if top is rec:
+                break
+        if error is not None and group.error is None and not isinstance(error, (StopIteration, GeneratorExit)):
+            group.error = error
+        if not stack:
+            self._between = None
+            self.assembler.add_between(group)
+
+    def open_phase_start(self) -> int | None:
+        """``PhaseStack.open_phase_start``; with no step open, when the innermost named
+        phase between steps began."""
+        start = super().open_phase_start()
+        if start is None and self.step is None:
+            try:
+                group, stack = self._between, self._between_stack
+                if group is not None and stack:
+                    return group.times[stack[-1].start]
+            except (AttributeError, IndexError, TypeError):
+                pass
+        return start
+
     # ---------------------------------------------------------- hook entry points
     def loader_iter_begin(self, kind: str = "torch") -> tuple:
         """``DataLoader.__iter__`` entered (or another ``kind`` of loader's iterator
