@@ -13,6 +13,12 @@ import os
 import sys
 import time
 
+DESCRIPTION = (
+    "Run a small synthetic training job with a deliberately slow data pipeline, instrumented "
+    "in-process, and print where its step time goes. Needs no Collector; with --export (or "
+    "OTEL_EXPORTER_OTLP_ENDPOINT set) it also exports over OTLP like any instrumented job."
+)
+
 
 def _build(device: str, sample_delay: float, samples: int, workers: int, batch_size: int):
     import torch
@@ -75,11 +81,11 @@ def train(model, loader, device: str, epochs: int, log_every: int = 20) -> float
     return loss_value
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="otel-training demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=2)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-training demo", description=DESCRIPTION)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs, each with an eval pass (default 2)")
     parser.add_argument("--samples", type=int, default=640, help="samples per epoch (default 640)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
     parser.add_argument(
         "--sample-delay-ms",
         type=float,
@@ -92,7 +98,11 @@ def main(argv=None) -> int:
         "--export", action="store_true", help="export over OTLP (default when OTEL_EXPORTER_OTLP_ENDPOINT is set)"
     )
     parser.add_argument("--html", metavar="FILE", help="also write the run's HTML report (charts, findings) to FILE")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     try:
         import torch
     except ImportError:
