@@ -16,40 +16,29 @@ exports on its own threads: a ``BatchSpanProcessor`` worker and a
 * ``abort`` shuts the exporters down, which interrupts a retry backoff at once (the
   OTLP exporters wait on their shutdown event) and closes the gRPC channel;
 * ``silence`` (in a forked child or a DataLoader worker) makes every export a no-op
-  and stops the SDK's threads there, so workers never export the parent's state again.
+  and stops the SDK's threads there, so workers never export the parent's state again;
+* the SDK's export loggers are held back (``sdk_logs.ExportLogHold``): the first
+  failed export prints one line of ours with its cause, and no more; an export that
+  raises (a gRPC channel our ``abort`` closed under it: ``ValueError: Cannot invoke RPC
+  on closed channel!``) is counted as a failure and never reaches the SDK's
+  traceback-logging handler.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from otel_training.export import sdk
+from otel_training.export.sdk_logs import ExportLogHold, dropping_line, exc_cause
 from otel_training.export.selftelemetry import COMPONENT_METRICS, COMPONENT_TRACES
 
 logger = logging.getLogger("otel_training")
-
-# The OTLP exporters log "Transient error ... retrying in N s" on the exporting thread
-# just before sleeping in their backoff: seen there, a flush at exit gives up at once
-# instead of waiting out the backoff (without it, the time budget still bounds it).
-_RETRY_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.common.http")
-
-
-class _RetryWatch(logging.Filter):
-    def __init__(self, guard: ExportGuard) -> None:
-        super().__init__()
-        self.guard = guard
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.msg
-        if isinstance(msg, str) and "retrying in" in msg:
-            self.guard.backing_off.add(threading.get_ident())
-        return True
 
 
 def _name(result: Any) -> str:
@@ -72,6 +61,12 @@ class ExportGuard:
         self.aborted = False
         self.backing_off: set = set()  # idents of threads inside an export's retry backoff
         self._pid = os.getpid()
+        # The OTLP exporters log "Transient error ... retrying in N s" on the exporting
+        # thread just before sleeping in their backoff: seen there, a flush at exit gives
+        # up at once instead of waiting out the backoff (the time budget bounds it anyway).
+        self.logs = ExportLogHold(lambda: self.backing_off.add(threading.get_ident()))
+        self._said_lock = threading.Lock()
+        self.said: str | None = None  # our one line about dropped telemetry, once printed
 
     # -- attaching -------------------------------------------------------------------------
     def attach(self, tracer_provider, meter_provider) -> ExportGuard:
@@ -94,11 +89,7 @@ class ExportGuard:
             exporter = sdk.reader_exporter(reader)
             if exporter is not None:
                 self._try_wrap(exporter, COMPONENT_METRICS)
-        watch = _RetryWatch(self)
-        for name in _RETRY_LOGGERS:
-            log = logging.getLogger(name)
-            log.addFilter(watch)
-            self._undo.append(functools.partial(log.removeFilter, watch))
+        self._undo.append(self.logs.attach())
         return self
 
     def _try_wrap(self, exporter, component: str) -> None:
@@ -117,22 +108,26 @@ class ExportGuard:
         guard = self
         spans = component == COMPONENT_TRACES
         state = {"shut": False}
+        endpoint = sdk.exporter_endpoint(exporter)
 
         def export(batch, *args, **kwargs):
             if guard.silenced or guard._pid != os.getpid():
                 return _success(component)
             if guard.aborted:  # after our bounded shutdown gave up: fail fast, quietly
-                guard._failed(component, batch if spans else None)
+                guard._failed(component, batch if spans else None, endpoint)
                 return _failure(component)
             try:
                 result = original_export(batch, *args, **kwargs)
-            except Exception:
-                guard._failed(component, batch if spans else None)
-                raise
+            except Exception as exc:
+                # Counted and said in our line; raised on, the SDK would log a traceback.
+                # After our abort (the channel closed under it) the abort is the cause.
+                cause = None if guard.aborted else exc_cause(exc)
+                guard._failed(component, batch if spans else None, endpoint, cause)
+                return _failure(component)
             finally:
                 guard.backing_off.discard(threading.get_ident())
             if _name(result) == "FAILURE":
-                guard._failed(component, batch if spans else None)
+                guard._failed(component, batch if spans else None, endpoint)
             return result
 
         def shutdown(*args, **kwargs):
@@ -163,12 +158,26 @@ class ExportGuard:
 
         self._undo.append(undo)
 
-    def _failed(self, component: str, batch) -> None:
+    def _failed(self, component: str, batch, endpoint: str | None, cause: str | None = None) -> None:
         try:
             count = len(batch) if batch is not None else 0
         except TypeError:
             count = 0
         self.telemetry.export_failed(component, count)
+        logged = self.logs.take()  # this thread's export logged why (held back)
+        if self.said is not None:
+            return
+        with self._said_lock:
+            if self.said is not None:
+                return
+            cause = cause or logged or self.logs.first_cause
+            if cause is None:
+                cause = "not sent within OTEL_TRAINING_SHUTDOWN_TIMEOUT at exit" if self.aborted else "export failed"
+            self.said = dropping_line(endpoint, cause)
+        try:
+            print(self.said, file=sys.stderr, flush=True)
+        except Exception:  # pragma: no cover - a closed stderr at exit
+            pass
 
     def remove(self) -> None:
         """The handle protocol: ``detach``."""

@@ -13,7 +13,8 @@ What we rely on (tested on the lowest SDK ``pyproject.toml`` allows and the newe
 * ``TracerProvider._active_span_processor._span_processors`` (nested processors);
   ``BatchSpanProcessor._batch_processor`` with ``_exporter``, ``_queue``,
   ``_metrics`` (its queue-drop hook), ``_shutdown``, ``_worker_awaken``,
-  ``_worker_thread``; ``SimpleSpanProcessor.span_exporter``;
+  ``_worker_thread``; ``SimpleSpanProcessor.span_exporter``; an OTLP exporter's
+  ``_endpoint`` (named in our one line about dropped telemetry);
 * ``MeterProvider._sdk_config`` (``metric_readers``, ``views``, ``resource``,
   ``exemplar_filter``) or ``MeterProvider._metric_readers``;
 * ``MetricReader._collect``, ``_instrument_class_temporality``,
@@ -62,6 +63,12 @@ def span_exporter(processor: Any) -> Any:
     batch = getattr(processor, "_batch_processor", None)
     exporter = getattr(batch, "_exporter", None) if batch is not None else None
     return exporter if exporter is not None else getattr(processor, "span_exporter", None)
+
+
+def exporter_endpoint(exporter: Any) -> str | None:
+    """Where an OTLP exporter sends (its ``_endpoint``: a URL, or host:port for gRPC)."""
+    endpoint = getattr(exporter, "_endpoint", None)
+    return endpoint if isinstance(endpoint, str) and endpoint else None
 
 
 def batch_queue_owner(processor: Any) -> Any:
@@ -232,6 +239,7 @@ __all__: list[str] = [
     "standard_configurator",
     "span_processors",
     "span_exporter",
+    "exporter_endpoint",
     "batch_queue_owner",
     "count_queue_drops",
     "empty_span_queue",
