@@ -32,18 +32,24 @@ runs after the ``for`` loop until the next step begins lie outside every step
 
 Runs: all selected scripts run once per session, ``LOOPS_JOBS`` (default 2) at a time,
 in the background; each test waits for its own script. Scripts named ``neg_*`` are
-negative cases: step detection is in doubt there, and the self-check must say so.
+negative cases: step detection is in doubt there, and the self-check must say so. A
+script that uses a newer torch than the suite's says so with a module-level
+``REQUIRES_TORCH = "X.Y"`` (read from its source): on an older torch it is not run and
+its tests are skipped with that reason.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+from packaging.version import Version
 
 from tests.loops._run import STEP_DETECTION_LINE, LoopRun, cleanup, run_loop
 
@@ -65,6 +71,26 @@ MISSING = object()
 # The self-check's low_coverage fires under 90% inside steps; a script that spent this
 # share of its loop between steps (by its own clock) may see it, rightly.
 LOW_COVERAGE_NEAR = 0.09
+TORCH = metadata.version("torch")
+
+
+def _requires_torch(name: str) -> Optional[str]:
+    """The script's module-level ``REQUIRES_TORCH`` ("X.Y"), read without importing it."""
+    for node in ast.parse((HERE / f"{name}.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "REQUIRES_TORCH" for t in node.targets):
+            return str(ast.literal_eval(node.value))
+    return None
+
+
+def _needs_newer_torch(name: str, torch_version: str = TORCH) -> Optional[str]:
+    """Why ``name`` cannot run on ``torch_version`` (the skip reason), or None."""
+    need = _requires_torch(name)
+    if need is None or Version(torch_version).release >= Version(need).release:
+        return None
+    return f"{name}.py needs torch >= {need} (its REQUIRES_TORCH); this is torch {torch_version}"
+
+
+TOO_OLD = {name: why for name in SHAPES + NEGATIVE if (why := _needs_newer_torch(name))}
 
 
 # -- running the scripts (once per session, a small pool) ------------------------------
@@ -96,7 +122,7 @@ def loop_runs(request):
     for item in request.session.items:
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("shape") if callspec else None
-        if name in SHAPES + NEGATIVE and name not in wanted:
+        if name in SHAPES + NEGATIVE and name not in wanted and name not in TOO_OLD:
             wanted.append(name)
     runs = _Runs(wanted, jobs=max(1, int(os.environ.get("LOOPS_JOBS", "2"))))
     yield runs
@@ -105,6 +131,8 @@ def loop_runs(request):
 
 @pytest.fixture
 def loop(loop_runs, shape) -> LoopRun:
+    if shape in TOO_OLD:
+        pytest.skip(TOO_OLD[shape])
     r = loop_runs.get(shape)
     assert r.error is None, f"{shape}: the runner failed: {r.error}"
     return r
@@ -325,6 +353,19 @@ def test_every_shape_names_its_public_loop():
     for name in SHAPES + NEGATIVE:
         first = (HERE / f"{name}.py").read_text().splitlines()[0]
         assert first.startswith("# Shape: "), f"{name}.py: first line is {first!r}"
+
+
+def test_a_script_needing_a_newer_torch_says_so():
+    """Scripts calling ``torch.nn.utils.get_total_norm`` (torch 2.6) declare it, and
+    are skipped, with the reason, on an older torch only."""
+    users = [n for n in SHAPES + NEGATIVE if "nn.utils.get_total_norm(" in (HERE / f"{n}.py").read_text()]
+    assert users, "no script uses get_total_norm any more: this test checks nothing"
+    for name in users:
+        assert _requires_torch(name) == "2.6", f"{name}.py uses get_total_norm without REQUIRES_TORCH = \"2.6\""
+        assert _needs_newer_torch(name, "2.4.1+cu121") == (
+            f"{name}.py needs torch >= 2.6 (its REQUIRES_TORCH); this is torch 2.4.1+cu121")
+        assert _needs_newer_torch(name, "2.6.0") is None and _needs_newer_torch(name, "2.13.0") is None
+    assert _requires_torch("mnist_dataloader") is None and _needs_newer_torch("mnist_dataloader", "2.4.1") is None
 
 
 # -- what the run already does (the summary's ``run`` section, for advice that fits it) --

@@ -94,6 +94,7 @@ from grain import experimental as grain_experimental
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+REQUIRES_TORCH = "2.6"  # torch.nn.utils.get_total_norm, as torchtitan calls it (test_loops.py skips below)
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("torchtitan_grain")
 

@@ -71,6 +71,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, IterableDataset
 
+REQUIRES_TORCH = "2.6"  # torch.nn.utils.get_total_norm, as torchtitan calls it (test_loops.py skips below)
 torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 truth = Truth("torchtitan_train")
 
