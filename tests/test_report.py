@@ -108,6 +108,47 @@ def test_summary_report_text(rank_summaries, capsys):
     assert "%" in row and "#" in row
 
 
+def test_summary_report_says_how_a_cpu_run_was_timed(rank_summaries, capsys):
+    code, out, _ = run_report(capsys, "--summary", str(rank_summaries[0]))
+    assert code == 0
+    head = out.splitlines()[0]
+    # "timing off" read as "timing disabled": a CPU run is timed by the host clock
+    assert head.endswith(", host clock timing (CPU run: no GPU to time)") and "timing off" not in head, head
+
+
+def test_summary_accepts_a_quoted_glob_and_a_comma_list_as_compare_does(rank_summaries, capsys):
+    folder = rank_summaries[0].parent
+    code, out, err = run_report(capsys, "--summary", str(folder / "summary-*.json"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["files"] == [str(f) for f in rank_summaries]
+    code, out, err = run_report(capsys, "--summary", ",".join(map(str, rank_summaries)), "--json")
+    assert code == 0, err
+    assert json.loads(out)["modes"]["train"]["steps"] == 12
+    code, _, err = run_report(capsys, "--summary", str(folder / "nothing-*.json"))
+    assert code == 2 and "no summary file matches" in err
+
+
+def test_summary_files_of_different_runs_are_not_added_up_as_ranks(rank_summaries, tmp_path, capsys):
+    """Two single-process runs (rank 0 each, their own run ids) are refused, naming each
+    file's run; ranks of one job started without torchrun (an id per process) still merge."""
+    s0 = json.loads(rank_summaries[0].read_text())
+    other = tmp_path / "other-run.json"
+    other.write_text(json.dumps(dict(s0, run_id="run-xyz", pid=s0["pid"] + 1, world_size=1)))
+    mine = tmp_path / "this-run.json"
+    mine.write_text(json.dumps(dict(s0, world_size=1)))
+    code, out, err = run_report(capsys, "--summary", str(mine), str(other))
+    assert code == 2 and out == ""
+    assert "summary files of 2 different runs" in err and len(err.strip().splitlines()) == 1, err
+    assert f"{mine} (run run-abc, rank 0)" in err and f"{other} (run run-xyz, rank 0)" in err
+    assert "otel-training compare A B" in err
+    s1 = json.loads(rank_summaries[1].read_text())
+    spawned = tmp_path / "rank-1-own-id.json"
+    spawned.write_text(json.dumps(dict(s1, run_id="run-rank-1")))
+    code, out, err = run_report(capsys, "--summary", str(rank_summaries[0]), str(spawned), "--json")
+    assert code == 0, err
+    assert json.loads(out)["modes"]["train"]["steps"] == 12
+
+
 def test_summary_errors(tmp_path, capsys, rank_summaries):
     missing = tmp_path / "nope.json"
     code, out, err = run_report(capsys, "--summary", str(missing))

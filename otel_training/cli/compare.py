@@ -21,7 +21,6 @@ differ by more than 1%), per sample instead. Exit status 0, or 2 with one line.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import sys
@@ -29,7 +28,7 @@ from statistics import stdev
 from typing import Any
 
 from otel_training.cli.report_charts import Grid, by_size, top_phases
-from otel_training.cli.report_sources import ReportError
+from otel_training.cli.report_sources import ReportError, summary_paths
 
 BLOCKS = 8
 Z = 3.0
@@ -255,19 +254,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--html", metavar="FILE", help="also write both runs side by side as an HTML report")
     return p
-
-
-def summary_paths(arg: str) -> list[str]:
-    """``a.json``, ``r0.json,r1.json`` or ``'run-*.json'`` -> file names."""
-    out: list[str] = []
-    for part in (p.strip() for p in arg.split(",")):
-        if not part:
-            continue
-        found = sorted(glob.glob(part)) if any(ch in part for ch in "*?[") else [part]
-        if not found:
-            raise ReportError(f"no summary file matches {part!r}")
-        out.extend(found)
-    return out
 
 
 def load_run(arg: str, args: argparse.Namespace) -> dict:

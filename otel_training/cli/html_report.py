@@ -18,7 +18,7 @@ from importlib import resources
 from otel_training.cli.finding import Finding
 from otel_training.cli.report_charts import Colors, compare_charts, run_charts
 from otel_training.cli.report_series import mode_names, require
-from otel_training.cli.words import plural
+from otel_training.cli.words import plural, timing_words
 from otel_training.version import __version__
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -105,7 +105,7 @@ def _run_section(report: dict, charts: list[dict], title: str) -> str:
             f"run {report.get('run')}",
             _source(report),
             _when(report.get("range")),
-            f"timing {report['timing']}" if report.get("timing") else "",
+            timing_words(report.get("timing"), (report.get("run_facts") or {}).get("device")),
             f"{report['world_size']} ranks" if (report.get("world_size") or 1) > 1 else "",
         )
         if x

@@ -11,7 +11,7 @@ from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
 from otel_training.cli.finding import Finding
 from otel_training.cli.verdict import diagnose
-from otel_training.cli.words import plural
+from otel_training.cli.words import plural, timing_words
 
 BAR = 20
 
@@ -190,8 +190,9 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
         else f"{report['prometheus']} {report['selector']}"
     )
     lines = [f"otel-training report: run {report.get('run')} ({src}{when})"]
-    if report.get("timing"):
-        lines[0] += f", timing {report['timing']}"
+    timing = timing_words(report.get("timing"), (report.get("run_facts") or {}).get("device"))
+    if timing:
+        lines[0] += f", {timing}"
     for name, m in report["modes"].items():
         lines.append("")
         lines.extend(render_mode(name, m))

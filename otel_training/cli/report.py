@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
         "--summary",
         nargs="+",
         metavar="FILE",
-        help="run-end summary JSON file(s) (OTEL_TRAINING_SUMMARY_FILE), one per rank",
+        help="run-end summary JSON file(s) (OTEL_TRAINING_SUMMARY_FILE), one per rank of one run: "
+        "names, comma-separated or a quoted glob",
     )
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://localhost:9090")
     p.add_argument(
@@ -87,7 +88,7 @@ def _write_html(args: argparse.Namespace, report: dict) -> None:
     if not args.compare:
         write_html(args.html, [report], None)
     else:
-        from otel_training.cli.compare import compare, summary_paths
+        from otel_training.cli.compare import compare
 
         other = argparse.Namespace(**vars(args))
         if args.prometheus:
@@ -95,7 +96,7 @@ def _write_html(args: argparse.Namespace, report: dict) -> None:
                 raise ReportError("--compare with --prometheus takes one run")
             other.run = args.compare[0]
         else:
-            other.summary = [p for arg in args.compare for p in summary_paths(arg)]
+            other.summary = args.compare  # names, comma lists or quoted globs
         second = build_report(other)
         write_html(args.html, [report, second], compare(report, second, report["mode"]))
     print(f"otel-training report: wrote {args.html}", file=sys.stderr)

@@ -8,7 +8,9 @@ with a one-line message.
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
 from collections.abc import Iterable
 from datetime import datetime
@@ -156,9 +158,43 @@ def read_summary(path: str) -> dict:
     return data
 
 
+def summary_paths(arg: str) -> list[str]:
+    """``a.json``, ``r0.json,r1.json`` or ``'run-*.json'`` (a glob the shell did not
+    expand) -> file names. A name that exists is taken as it is, brackets and all."""
+    out: list[str] = []
+    for part in (p.strip() for p in arg.split(",")):
+        if not part:
+            continue
+        pattern = any(ch in part for ch in "*?[") and not os.path.exists(part)
+        found = sorted(glob.glob(part)) if pattern else [part]
+        if not found:
+            raise ReportError(f"no summary file matches {part!r}")
+        out.extend(found)
+    return out
+
+
 def load_summaries(paths: list[str]) -> dict:
-    """Merge one summary file per rank into a report."""
-    return merge_summaries([(p, read_summary(p)) for p in paths])
+    """Merge one summary file per rank into a report (``paths``: names, lists or globs)."""
+    names = [p for arg in paths for p in summary_paths(arg)]
+    return merge_summaries([(p, read_summary(p)) for p in names])
+
+
+def _one_run(files: list[tuple[str, dict]]) -> None:
+    """Files of different runs are no ranks of one run: refuse to add them up. Ranks of
+    one job carry one run id, except when started without torchrun (each process then
+    has its own): files of distinct ranks of one world size pass as such ranks."""
+    runs = {str(s.get("run_id")) for _, s in files}
+    if len(runs) < 2:
+        return
+    ranks = [s.get("rank") for _, s in files]
+    sizes = {s.get("world_size") for _, s in files}
+    if len(sizes) == 1 and (sizes.pop() or 1) > 1 and len(set(ranks)) == len(ranks):
+        return
+    listed = ", ".join(f"{p} (run {s.get('run_id')}, rank {s.get('rank') or 0})" for p, s in files)
+    raise ReportError(
+        f"summary files of {len(runs)} different runs: {listed}; report one run at a time "
+        "(its ranks' files together), or compare two with otel-training compare A B"
+    )
 
 
 def merge_summaries(files: list[tuple[str, dict]]) -> dict:
@@ -169,6 +205,7 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
         if key in seen:
             raise ReportError(f"{path!r} and {seen[key]!r} are the same process's summary")
         seen[key] = path
+    _one_run(files)
     runs = sorted({str(s.get("run_id")) for _, s in files})
     modes: dict[str, dict] = {}
     ranks: dict[str, list[dict]] = {}
