@@ -258,7 +258,8 @@ def test_prometheus_chart_numbers(prometheus_reports):
     idle = [v for v in charts["gpu-idle"]["series"][0]["values"] if v is not None]
     assert all(v == pytest.approx(30.0, rel=1e-3) for v in idle[1:])
     tput = [v for v in charts["throughput"]["series"][0]["values"] if v]
-    assert all(v == pytest.approx(32 * 13, rel=1e-3) for v in tput[1:-1])
+    # each rank's samples over its own step time: 8 steps of 32 in 0.8 s, 5 in 0.75 s
+    assert all(v == pytest.approx(32 * 8 / 0.8 + 32 * 5 / 0.75, rel=1e-3) for v in tput[1:-1])
 
 
 def test_compare_two_prometheus_runs(prometheus, capsys):
