@@ -127,3 +127,35 @@ for epoch in range(2):
         assert abs(sum(ts["step_s"]) - summary["modes"][mode]["step_time_s"]) < 1e-4
         assert len(ts["t"]) <= MAX_WINDOWS
         assert summary["started_at"] - 60 < ts["t"][0] < summary["ended_at"]
+
+
+def test_eval_windows_never_span_the_training_between_passes():
+    """80 epochs of 40 train steps, each followed by an eval pass of 5 steps: past
+    several merges, no eval window spans training time (each pass's windows merge among
+    themselves while the passes are fewer than the windows kept), and the windows stay
+    bounded and add up to the steps."""
+    rng = random.Random(1)
+    resolver = Resolver(DeviceTimer(), TailCapture(2.0, 100, 20.0))
+    series = TimeSeries(offset=0)
+    t, passes, batch = 0, [], []
+    for epoch in range(80):
+        for i in range(45):
+            step = _timeline(i, t, rng, "user")
+            if i >= 40:  # the eval pass: a forward with no backward
+                step.saw_backward = step.saw_optimizer = False
+                step.phases = [p for p in step.phases if p.name in ("dataloader_next", "batch", "forward")]
+            t = step.marks[-1] + 1000
+            if i == 40:
+                passes.append([step.marks[0], 0])
+            if i >= 40:
+                passes[-1][1] = step.marks[-1]
+            batch.append(resolver.resolve(step))
+            if len(batch) == 64:
+                series.add(batch)
+                batch = []
+    series.add(batch)
+    ev = series.to_dict()["eval"]
+    assert sum(ev["steps"]) == 80 * 5 and len(ev["t"]) <= MAX_WINDOWS and max(ev["steps"]) > 1
+    train_epoch_s = 40 * 12e-3  # well under 40 train steps' time: the shortest they can take
+    for start, wall in zip(ev["t"], ev["wall_s"]):
+        assert wall < train_epoch_s, (start, wall)  # within one pass (a pass lasts < 5 * 22 ms)
