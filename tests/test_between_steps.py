@@ -250,3 +250,38 @@ def test_unmodified_script_under_opentelemetry_instrument(tmp_path):
     assert summary["self_check"] == []
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert sorted(e["name"] for e in trace if e.get("cat") == "between_steps") == ["checkpoint", "checkpoint", "export"]
+
+
+def test_named_time_behind_a_held_step_reaches_the_pipeline_in_time_order(instrumented):
+    """Gradient accumulation across the epoch's end: the assembler still holds the last
+    backward pass when the checkpoint runs; the named time waits for the step that
+    began before it, which then holds it (its time is not counted twice)."""
+    tel = instrumented()
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    pipeline = tel.runtime.pipeline
+    submit, submit_between = pipeline.submit, pipeline.submit_between
+    pipeline_submit = lambda step: (seen.append(("step", step.marks[0])), submit(step))  # noqa: E731
+    tel.tracker.assembler._sink = pipeline_submit
+    tel.tracker.assembler.between_sink = lambda g: (seen.append(("named", g.times[0])), submit_between(g))
+    loader = DataLoader(make_dataset(32), batch_size=8)  # 4 batches an epoch, an update every 3
+    i = 0
+    for _ in range(2):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            i += 1
+            if i % 3 == 0:
+                opt.step()
+                opt.zero_grad()
+        with otel_training.phase("checkpoint"):
+            spin(PLANT / 3)
+    tel.uninstrument()
+    assert [kind for kind, _ in seen].count("named") == 2
+    assert [t for _, t in seen] == sorted(t for _, t in seen)  # handed on in time order
+    summary = tel.runtime.summary_dict()
+    assert {n["name"]: n["count"] for n in summary["coverage"]["named"]} == {"checkpoint": 2}
+    assert summary["telemetry"]["errors"] == 0
+    cov = summary["coverage"]
+    assert cov["in_steps_s"] + cov["named_s"] + cov["outside_s"] == pytest.approx(cov["loop_s"], abs=1e-6)
