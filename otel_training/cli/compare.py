@@ -3,7 +3,8 @@
 A and B are summary files (several ranks: comma-separated, or a quoted glob) or,
 with ``--prometheus URL``, two runs (``training_run_id``, job or label matchers).
 Per phase, step time, throughput and verdict, A vs B with deltas; overall
-``improvement``, ``regression`` or ``no change``, judged against run-to-run noise:
+``improvement``, ``regression`` or ``inconclusive`` (with the noise), judged against
+run-to-run noise:
 
 - each run's noise comes from the run itself: its windows of steps (the summary's
   time series, or Prometheus' windows), ranks merged, are cut into ``BLOCKS``
@@ -15,7 +16,12 @@ Per phase, step time, throughput and verdict, A vs B with deltas; overall
   differ by a few percent (load, clocks, caches) that no single run's spread shows.
 
 The step time is compared per step; when the batch size changed (samples per step
-differ by more than 1%), per sample instead. Exit status 0, or 2 with one line.
+differ by more than 1%), per sample instead.
+
+``--fail-on-regression PCT`` makes it a CI gate: exit status 1 when B's step time is
+worse than A's by more than PCT percent and by more than ``Z`` times the combined
+standard error (with the noise unknown, PCT alone decides), else 0. Exit status 2 with
+one line when the runs cannot be read or compared.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ BLOCKS = 8
 Z = 3.0
 FLOOR = 0.05
 
-IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
+IMPROVEMENT, REGRESSION, INCONCLUSIVE = "improvement", "regression", "inconclusive"
 
 
 def _blocks(report: dict, mode: str, value) -> list[float]:
@@ -72,7 +78,7 @@ def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: fl
     delta = b - a
     noise = math.sqrt((se_a or 0.0) ** 2 + (se_b or 0.0) ** 2) if (se_a is not None and se_b is not None) else None
     threshold = max(floor * scale, Z * noise if noise is not None else 0.0)
-    change = NO_CHANGE
+    change = INCONCLUSIVE
     if abs(delta) > threshold:
         change = IMPROVEMENT if delta < 0 else REGRESSION
     return {
@@ -127,7 +133,7 @@ def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> 
         j.update(name=name, share_a=pa.get(name, {}).get("share", 0.0), share_b=pb.get(name, {}).get("share", 0.0))
         phases.append(j)
     changed = None
-    if step["change"] != NO_CHANGE:
+    if step["change"] != INCONCLUSIVE:
         sign = -1 if step["change"] == IMPROVEMENT else 1
         moved = [p for p in phases if p["change"] == step["change"]]
         if moved:
@@ -199,7 +205,7 @@ def render(c: dict) -> str:
             f"{p['delta'] * 1e3:+.1f}",
             _pct(p["share_a"], False),
             _pct(p["share_b"], False),
-            "" if p["change"] == NO_CHANGE else p["change"],
+            "" if p["change"] == INCONCLUSIVE else p["change"],
         ]
         for p in c["phases"]
     ]
@@ -211,12 +217,51 @@ def render(c: dict) -> str:
     lines.append("")
     noise = "unknown (runs too short)" if s["noise"] is None else f"±{_pct(s['noise'] / s['a'], False)}"
     head = f"result: {c['result']}: time per {per} {_ms(s['a'])} -> {_ms(s['b'])} ms ({_pct(s['delta_rel'])}; "
-    head += f"noise {noise}, threshold ±{_pct(s['threshold'] / s['a'], False)})"
+    head += f"noise {noise}, threshold ±{_pct(s['threshold'] / s['a'], False)}"
+    if c["result"] == INCONCLUSIVE:
+        noisy = s["noise"] is not None and Z * s["noise"] >= s["threshold"]
+        head += ": within the noise" if noisy else f": within the {_pct(s['threshold'] / s['a'], False)} floor"
+    head += ")"
     if c["changed_phase"]:
         p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
         head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
     lines.append(head)
+    if c.get("gate"):
+        lines.append(gate_line(c["gate"]))
     return "\n".join(lines)
+
+
+def gate(c: dict, max_regression_pct: float) -> dict:
+    """``--fail-on-regression PCT``: does B's step time fail the gate? It fails when it is
+    worse than A's by more than PCT percent and by more than ``Z`` x the combined standard
+    error (a change the runs' own noise explains does not fail a build); with the noise
+    unknown (runs too short to measure it), PCT alone decides."""
+    s = c["step"]
+    allowed = max_regression_pct / 100 * s["a"]
+    beyond_noise = s["noise"] is None or s["delta"] > Z * s["noise"]
+    failed = bool(s["delta"] > allowed and beyond_noise)
+    return {
+        "max_regression_pct": max_regression_pct,
+        "delta_rel": s["delta_rel"],
+        "noise_rel": s["noise"] / s["a"] if s["noise"] is not None and s["a"] else None,
+        "beyond_noise": bool(s["noise"] is not None and s["delta"] > Z * s["noise"]),
+        "failed": failed,
+    }
+
+
+def gate_line(g: dict) -> str:
+    """``gate: fail: ...`` / ``gate: pass: ...``, the CI gate's one line."""
+    delta = f"time per step {_pct(g['delta_rel'])}"
+    noise = "noise unknown" if g["noise_rel"] is None else f"noise ±{_pct(g['noise_rel'], False)}"
+    limit = f"{g['max_regression_pct']:g}%"
+    if g["failed"]:
+        why = f"worse by more than the allowed {limit}" + (
+            " and beyond the noise" if g["noise_rel"] is not None else ""
+        )
+        return f"gate: fail: {delta} ({noise}): {why}"
+    if (g["delta_rel"] or 0) * 100 > g["max_regression_pct"]:
+        return f"gate: pass: {delta} ({noise}): over {limit} but within {Z:g} x the noise, not significant"
+    return f"gate: pass: {delta} ({noise}): within the allowed {limit}"
 
 
 def _src(who: dict) -> str:
@@ -229,7 +274,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="otel-training compare",
         description="Compare two runs: per phase, step time, throughput and verdict, with an "
-        "improvement / regression / no change judged against run-to-run noise.",
+        "improvement / regression / inconclusive judged against run-to-run noise. With "
+        "--fail-on-regression PCT it is a CI gate: exit status 1 when B's step time is "
+        "significantly worse than A's by more than PCT percent, else 0.",
     )
     p.add_argument(
         "a",
@@ -249,6 +296,13 @@ def _parser() -> argparse.ArgumentParser:
         default=FLOOR,
         metavar="SHARE",
         help=f"smallest relative change that counts, whatever the noise (default {FLOOR})",
+    )
+    p.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="CI gate: exit 1 when B's step time is worse than A's by more than PCT percent "
+        f"and beyond {Z:g} x the runs' noise, else 0",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per Prometheus query")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -274,8 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not 0 <= args.threshold < 1:
             raise ReportError(f"--threshold {args.threshold} is not a share between 0 and 1")
+        pct = args.fail_on_regression
+        if pct is not None and not (pct >= 0 and math.isfinite(pct)):
+            raise ReportError(f"--fail-on-regression {pct:g} is not valid: use a percentage >= 0, e.g. 10")
         a, b = load_run(args.a, args), load_run(args.b, args)
         result = compare(a, b, args.mode, args.threshold)
+        if pct is not None:
+            result["gate"] = gate(result, pct)
         if args.html:
             from otel_training.cli.html_report import write_html
 
@@ -290,4 +349,4 @@ def main(argv: list[str] | None = None) -> int:
         print(render(result))
     if args.html:
         print(f"otel-training compare: wrote {args.html}", file=sys.stderr)
-    return 0
+    return 1 if (result.get("gate") or {}).get("failed") else 0

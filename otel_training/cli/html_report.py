@@ -140,7 +140,7 @@ def _compare_section(c: dict, charts: list[dict]) -> str:
         f"<td>{t['delta']:+,.1f}</td><td></td><td></td><td></td></tr>"
     )
     for p in c["phases"]:
-        change = "" if p["change"] == "no change" else p["change"]
+        change = "" if p["change"] == "inconclusive" else p["change"]
         rows.append(
             f"<tr><td>{_e(p['name'])}</td><td>{_ms(p['a'])}</td><td>{_ms(p['b'])}</td>"
             f"<td>{p['delta'] * 1e3:+.1f} ms</td>"
