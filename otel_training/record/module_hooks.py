@@ -80,6 +80,19 @@ def _call_kwargs(module) -> dict | None:
     return None
 
 
+def _first_input(args: tuple, kwargs: dict | None) -> Any:
+    """A call's first argument (its first keyword argument when it has none)."""
+    if args:
+        return args[0]
+    return next(iter(kwargs.values()), None) if kwargs else None
+
+
+def _computes_nothing(first: Any) -> bool:
+    """A call on ``meta`` tensors or on Keras's symbolic ``KerasTensor``s: a pass that
+    infers shapes (Keras builds a model so, and runs it once so before training)."""
+    return getattr(first, "is_meta", False) is True or type(first).__name__ == "KerasTensor"
+
+
 def _restore(state: dict, call, prev) -> None:
     """Put back, in ``state``, the call a root had before our timed ``call``."""
     if state.get(_CALL) is call:
@@ -100,6 +113,7 @@ class RootModuleHooks:
         self._want_armed = False
         self._suspended = 0
         self.depth = 0
+        self._meta = False  # the running root call is on meta tensors (no step)
         self.step_saw_root = False
         self._patches = Handles()
         self._patch_compile()
@@ -151,6 +165,8 @@ class RootModuleHooks:
             tracker = self._tracker
             if module in self._roots or not tracker.on_training_thread(True) or tracker.in_backward():
                 return None  # (a module a backward pass recomputes is no root: checkpointing)
+            if _computes_nothing(_first_input(args, {})):
+                return None  # a shape pass (Keras building a model): no root, no step
             self._add_root(module)
             # This call is already past our timed call: time it with a one-shot hook.
             if self._begin(module, _is_loss(module), args, _call_kwargs(module)):
@@ -178,6 +194,12 @@ class RootModuleHooks:
             self.depth += 1
             ours = True
             if self.depth == 1:
+                first = args[0] if args else _first_input(args, kwargs)
+                if getattr(first, "is_meta", False) is True:
+                    # A pass on ``meta`` tensors computes nothing (Keras infers shapes so
+                    # before training): no step, no forward; its submodules stay inside it.
+                    self._meta = True
+                    return ours
                 self.step_saw_root = True
                 facts = self._facts
                 facts.forwards += 1
@@ -197,6 +219,9 @@ class RootModuleHooks:
             if self.depth > 0:
                 self.depth -= 1
             if self.depth == 0:
+                if self._meta:
+                    self._meta = False
+                    return
                 if error is not None:
                     tracker.record_error(error)
                 tracker.end_phase(_FORWARD)
@@ -309,6 +334,7 @@ class RootModuleHooks:
             self.arm()
         self.step_saw_root = False
         self.depth = 0
+        self._meta = False
 
     def has_compiled(self) -> bool:
         """Whether a compiled module (``torch.compile``, ``module.compile()``) was seen."""

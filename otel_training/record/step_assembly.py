@@ -260,6 +260,10 @@ def _disjoint(a: list | None, b: list | None) -> bool:
 
 def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
     """Append ``piece`` (later in time) to ``acc``; returns ``acc``."""
+    # A piece cut at a forward (no source) after work on a DataLoader's batch, in one
+    # step: the same batch's iteration goes on (a GAN's generator update after the
+    # discriminator's); its forward inputs (the generated batch) are no new data.
+    fed = acc.source is not None and piece.source is None and (acc.saw_forward or acc.saw_backward)
     marks, tokens = acc.marks, acc.tokens
     pm, pt = piece.marks, piece.tokens
     # Consecutive pieces share the instant (and device token) one ended and the next began.
@@ -294,12 +298,13 @@ def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
             acc.optimizers.extend(i for i in piece.optimizers if i not in acc.optimizers)
     if piece.microbatches is not None:
         acc.microbatches = (acc.microbatches or 0) + piece.microbatches
-    if piece.batch_size is not None:
-        acc.batch_size = (acc.batch_size or 0) + piece.batch_size
-    if piece.token_count is not None:
-        acc.token_count = (acc.token_count or 0) + piece.token_count
-    if piece.token_masks is not None:
-        acc.token_masks = piece.token_masks if acc.token_masks is None else acc.token_masks + piece.token_masks
+    if not fed:  # samples and tokens count the data a step consumed, once
+        if piece.batch_size is not None:
+            acc.batch_size = (acc.batch_size or 0) + piece.batch_size
+        if piece.token_count is not None:
+            acc.token_count = (acc.token_count or 0) + piece.token_count
+        if piece.token_masks is not None:
+            acc.token_masks = piece.token_masks if acc.token_masks is None else acc.token_masks + piece.token_masks
     if piece.flops is not None:
         acc.flops = piece.flops
     if piece.memory is not None:  # the latest reading: the step's end

@@ -57,7 +57,8 @@ class Tracker(PhaseStack):
         self._alive_optimizers = sink.alive
         super().__init__(timer, clock)
         self.after_step: Callable[[], None] | None = None  # called after each piece is handed over
-        self.on_loop: Callable[[], None] | None = None  # called when a DataLoader loop begins
+        # called when a DataLoader loop begins or ends (model discovery looks again)
+        self.on_loop: Callable[[], None] | None = None
         torch = sys.modules.get("torch")  # the manual API needs no torch
         self._grad_enabled = getattr(torch, "is_grad_enabled", None) or grad_enabled
         self._step_root: Any = None  # the first root module called in the step
@@ -342,6 +343,8 @@ class Tracker(PhaseStack):
         step, nor part of one (no batch came of it: the time lies between steps).
         ``wrapped``: in a watched wrapper's loop (record/loop_wrappers.py), which may
         still hand out a batch fetched ahead: the piece stays for it until ``loop_ended``."""
+        if self.on_loop is not None:  # what runs after a loop may call a model not seen yet
+            self.on_loop()
         step = self.step
         if step is None:
             return
@@ -358,12 +361,13 @@ class Tracker(PhaseStack):
         """A watched wrapper's loop ended (its generator returned): the open piece ends
         here, as at a DataLoader's end; a piece with only waits is no step."""
         step = self.step
-        if step is None or self.driver != DRIVER_DATALOADER:
-            return
-        if has_work(step):
-            self._close(*self._stamp())
-        else:
-            self.discard_step()
+        if step is not None and self.driver == DRIVER_DATALOADER:
+            if has_work(step):
+                self._close(*self._stamp())
+            else:
+                self.discard_step()
+        if self.on_loop is not None:  # what runs after a loop may call a model not seen yet
+            self.on_loop()
 
     def forward_begin(self, root: Any = None, loss: bool = False) -> None:
         """A root module's forward began (``root``: that module; ``loss``: it has no
