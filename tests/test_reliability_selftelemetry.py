@@ -29,7 +29,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import otel_training
 from otel_training import semconv as sc
 from otel_training.config import load_config
-from otel_training.export.guard import _RETRY_LOGGERS, ExportGuard
+from otel_training.export.guard import ExportGuard
+from otel_training.export.sdk_logs import EXPORT_LOGGERS
 from otel_training.instrumentor import TrainingInstrumentor
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.cli.render import render_summary as render
@@ -209,7 +210,7 @@ def test_detach_puts_exporters_processors_and_loggers_back_exactly():
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=60_000)
     mp = MeterProvider(metric_readers=[reader])
     before_metrics = bsp._batch_processor._metrics
-    before_filters = {n: list(logging.getLogger(n).filters) for n in _RETRY_LOGGERS}
+    before_filters = {n: list(logging.getLogger(n).filters) for n in EXPORT_LOGGERS}
     guard = ExportGuard(SelfTelemetry()).attach(tp, mp)
     assert "export" in vars(span_exporter) and "export" in vars(metric_exporter)
     assert bsp._batch_processor._metrics is not before_metrics
@@ -217,7 +218,7 @@ def test_detach_puts_exporters_processors_and_loggers_back_exactly():
     for exporter in (span_exporter, metric_exporter):
         assert not {"export", "shutdown", "_otel_training_guard"} & set(vars(exporter))
     assert bsp._batch_processor._metrics is before_metrics
-    assert {n: list(logging.getLogger(n).filters) for n in _RETRY_LOGGERS} == before_filters
+    assert {n: list(logging.getLogger(n).filters) for n in EXPORT_LOGGERS} == before_filters
     tp.shutdown()
     mp.shutdown()
 
