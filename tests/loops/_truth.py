@@ -13,6 +13,8 @@ around the sleep. At the end it prints one line ``TRUTH {json}``:
     outside_after_last_step_s  the same after the last step (still in loop_wall_s)
     outside_loop_ends  DataLoader loops that ended between two steps (``loop_end()``)
     before_first_step_s  timed user code before the first step (``BEFORE``), for reference
+    samples            {mode: samples the steps of that mode consumed} (``samples()``), only
+                       in scripts that count them
 
 Phase names are the ones the summary uses: ``dataloader_next`` (a slow Dataset
 ``__getitem__`` / ``collate_fn``), ``untracked`` (user code: logging, env simulation,
@@ -77,6 +79,7 @@ class Truth:
         self._loop_ends = 0  # DataLoader loop ends with a step counted after them
         self._loop_ends_pending = 0
         self._before = 0.0  # timed user code before the first step
+        self._samples: Dict[str, int] = {}  # samples consumed, by mode (scripts that count them)
 
     # -- the loop's wall time ---------------------------------------------------------
     def start(self) -> None:
@@ -131,6 +134,11 @@ class Truth:
         if n:
             self._step_counted()
         self.eval_steps += n
+
+    def samples(self, mode: str, n: int) -> None:
+        """A step of ``mode`` consumed ``n`` samples of data (each batch once, however
+        many forwards or backward passes used it)."""
+        self._samples[mode] = self._samples.get(mode, 0) + int(n)
 
     def _step_counted(self) -> None:
         """A step was counted: outside time so far lies before it, between two steps.
@@ -212,6 +220,7 @@ class Truth:
             "outside_loop_ends": self._loop_ends,
             "before_first_step_s": self._before,
             "notes": self.notes,
+            **({"samples": dict(self._samples)} if self._samples else {}),
         }
 
     def emit(self) -> None:

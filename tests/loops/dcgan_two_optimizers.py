@@ -7,7 +7,8 @@ runs with grad enabled and in train mode, as in the original). Tiny MLP nets sta
 for the conv nets. Planted: a slow Dataset ``__getitem__`` (``dataloader_next``), a
 slow console after every iteration (train ``untracked``) and a slow ``save_image`` of
 the fixed-noise samples (eval ``untracked``). The ``torch.save`` calls are timed as
-user code of the train steps they follow."""
+user code of the train steps they follow. Samples: each real batch once per train step
+(the generator's update reuses it), the fixed noise for the eval step."""
 
 import os
 import tempfile
@@ -84,6 +85,7 @@ for epoch in range(NITER):
         D_G_z2 = output.mean().item()
         optimizerG.step()
         truth.train_step(microbatches=2)
+        truth.samples(TRAIN, batch_size)  # the real batch, once (the fake ones are no data)
 
         print(f"[{epoch}/{NITER}][{i}/{len(dataloader)}] Loss_D: {errD.item():.4f} Loss_G: {errG.item():.4f} "
               f"D(x): {D_x:.4f} D(G(z)): {D_G_z1:.4f} / {D_G_z2:.4f}")
@@ -93,6 +95,7 @@ for epoch in range(NITER):
                 torch.save(real_cpu, os.path.join(outf, "real_samples.pt"))
             fake = netG(fixed_noise)
             truth.eval_step()
+            truth.samples(EVAL, fixed_noise.size(0))
             save_image(fake.detach(), os.path.join(outf, f"fake_samples_epoch_{epoch:03d}.pt"))
     with truth.timed(TRAIN, "untracked"):  # the checkpoint: in the epoch's last train step
         torch.save(netG.state_dict(), os.path.join(outf, f"netG_epoch_{epoch}.pth"))

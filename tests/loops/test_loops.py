@@ -239,6 +239,18 @@ def test_microbatches(loop):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_samples(loop):
+    """Samples per mode are the data the steps consumed, each batch once (scripts that
+    count them): a GAN's batch used by two updates, an eval loop's short last batch."""
+    truth, summary = _truth(loop), _summary(loop)
+    want = truth.get("samples")
+    if not want:
+        pytest.skip("the script does not count samples")
+    got = {m: int(_get(_mode(summary, m) or {"samples": 0}, "samples", f"summary modes.{m}")) for m in want}
+    assert got == want, f"{loop.name}: summary samples by mode {got}, the script's steps consumed {want}"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_skipped_updates(loop):
     truth, summary = _truth(loop), _summary(loop)
     if not truth["train_steps"]:
