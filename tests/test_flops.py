@@ -209,6 +209,39 @@ def test_the_count_stays_out_of_inference_mode(instrumented, around):
     assert torch.inference_mode.__dict__["__enter__"] is enter  # the guard is gone
 
 
+def test_training_steps_that_enter_inference_mode_are_not_counted_with_one_log_line(instrumented, caplog):
+    """Every training step computes its accuracy under ``torch.inference_mode()``: each
+    count ends there, uncounted, and after its tries the probe gives up with one line;
+    the loop runs on, its results unchanged, and the probe has left the step path."""
+    enter = torch.inference_mode.__dict__["__enter__"]
+
+    def run():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        accuracies = []
+        for _ in range(flops_mod.WARMUP + flops_mod.MAX_TRIES + 3):
+            x, y = torch.randn(8, 8), torch.randint(3, (8,))
+            out = model(x)
+            torch.nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.inference_mode():
+                accuracies.append((out.argmax(1) == y).float().mean().data.item())
+        return accuracies
+
+    plain = run()
+    tel = instrumented()
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        assert run() == plain
+        tel.uninstrument()
+    lines = [r.getMessage() for r in caplog.records if "FLOPs" in r.getMessage()]
+    assert lines == ["otel-training: FLOPs per step not counted: training steps run in torch.inference_mode() "
+                     "(set OTEL_TRAINING_FLOPS_PER_STEP to give the count)"]
+    assert "flops" not in tel.runtime.summary_dict()["modes"]["train"]
+    assert tel.runtime.perf.probe.done and torch.inference_mode.__dict__["__enter__"] is enter
+
+
 @pytest.mark.parametrize("name, dtype, expected", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.5e12),
     ("NVIDIA H100 PCIe", "bf16", 756.5e12),

@@ -41,6 +41,7 @@ WARMUP = 3  # training steps handed on before the count begins
 MAX_TRIES = 8  # windows that ended on an eval step or under capture, before giving up
 SOURCE_MEASURED = "measured"
 SOURCE_GIVEN = "OTEL_TRAINING_FLOPS_PER_STEP"
+_IN_INFERENCE = "training steps run in torch.inference_mode() (set OTEL_TRAINING_FLOPS_PER_STEP to give the count)"
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
@@ -135,7 +136,7 @@ class FlopProbe:
             self._retry("the step runs under CUDA graph capture")
             return
         if torch.is_inference_mode_enabled():
-            self._retry("the step runs in inference mode")
+            self._retry(_IN_INFERENCE)
             return
         self._prepare()
         counter = self._mode_class(display=False)
@@ -158,7 +159,7 @@ class FlopProbe:
         def __enter__(mode: Any) -> Any:
             try:
                 if probe._counter is not None and threading.get_ident() == probe._thread:
-                    probe._abort("the counted step entered inference mode")
+                    probe._abort(_IN_INFERENCE)
             except Exception:  # pragma: no cover - never into the user's with
                 pass
             return enter(mode)
