@@ -113,7 +113,7 @@ def compute_output_spec(fn, shape):
 
 model = Sequential(Dense(8, 32, relu=True), Dense(32, 2))
 params = list(model.parameters())
-train_data, val_data = Arrays(72, TRAIN), Arrays(40, EVAL)  # batches 16 x 4 + 8; 16, 16, 8
+train_data, val_data = Arrays(152, TRAIN), Arrays(40, EVAL)  # batches 16 x 9 + 8; 16, 16, 8
 
 
 def train_step(data):

@@ -21,7 +21,7 @@ torch.manual_seed(1)
 truth = Truth("vae_decode_after_test")
 
 EPOCHS, BATCH_SIZE, LOG_INTERVAL, PIXELS, LATENT, SAMPLES = 2, 16, 2, 64, 8, 64
-SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, LOG_DELAY, SAVE_DELAY = 0.004, 0.002, 0.030, 0.020
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_TEST, LOG_DELAY, SAVE_DELAY = 0.002, 0.002, 0.030, 0.020
 
 
 class SlowImages(Dataset):
@@ -40,7 +40,7 @@ class SlowImages(Dataset):
         return self.x[i], 0
 
 
-train_loader = DataLoader(SlowImages(64, SAMPLE_DELAY_TRAIN, TRAIN), batch_size=BATCH_SIZE, shuffle=True)
+train_loader = DataLoader(SlowImages(128, SAMPLE_DELAY_TRAIN, TRAIN), batch_size=BATCH_SIZE, shuffle=True)
 test_loader = DataLoader(SlowImages(40, SAMPLE_DELAY_TEST, EVAL), batch_size=BATCH_SIZE, shuffle=False)
 
 
