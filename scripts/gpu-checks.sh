@@ -10,9 +10,8 @@
 # Each step has a time limit in seconds (TESTS_S, TIMING_S, PROFILER_S, COSTS_S, OVERHEAD_S, DEMO_S) so
 # that one slow step cannot take a lent machine's whole slot; TIMING_ARGS goes to
 # benchmarks/gpu_timing.py (e.g. "--rounds 10 --loops gpt,gpt-compiled").
-# On an image whose torch is older than our floor (the lent machines had 2.11), lower the
-# floor in otel_training/package.py and pyproject.toml of that copy first: the
-# instrumentor refuses a torch below it, as it should.
+# The image's own torch is used as it is: any release from otel_training/package.py's
+# TORCH_FLOOR on (below it, the run says "otel-training: not instrumenting: ...").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
