@@ -159,3 +159,36 @@ def test_eval_windows_never_span_the_training_between_passes():
     train_epoch_s = 40 * 12e-3  # well under 40 train steps' time: the shortest they can take
     for start, wall in zip(ev["t"], ev["wall_s"]):
         assert wall < train_epoch_s, (start, wall)  # within one pass (a pass lasts < 5 * 22 ms)
+
+
+def test_the_flop_count_step_is_left_out_when_its_batch_ends_with_eval_steps():
+    """The pipeline hands over whatever steps finished: a batch may hold the FLOP-count
+    step and end with an eval pass (whose steps carry no FLOP count). The series leaves
+    the counted step out as the summary does, whatever the batch's last step."""
+    from otel_training.record.flops import SOURCE_MEASURED, FlopCount
+
+    rng = random.Random(2)
+    resolver = Resolver(DeviceTimer(), TailCapture(2.0, 100, 20.0))
+    summary = RunSummary({"service": "t", "run_id": "r", "host": "h", "rank": 0, "world_size": 1, "pid": 1}, "off")
+    series = TimeSeries(offset=0)
+    t, batch = 0, []
+    for i in range(15):
+        step = _timeline(i, t, rng, "user")
+        if i == 3:  # the counted step: planted 50 ms longer than any other
+            step.marks = [m + (50_000_000 if k >= 3 else 0) for k, m in enumerate(step.marks)]
+            step.flops = FlopCount(1e6, None, "fp32", "cpu", SOURCE_MEASURED, step=3, cost_s=0.05)
+        if i >= 10:  # an eval pass closes the batch
+            step.saw_backward = step.saw_optimizer = False
+            step.phases = [p for p in step.phases if p.name in ("dataloader_next", "batch", "forward")]
+        t = step.marks[-1] + 1000
+        batch.append(resolver.resolve(step))
+    assert batch[3].flops is not None and batch[-1].flops is None
+    summary.add(batch)
+    series.add(batch)
+    train = summary.to_dict()["modes"]["train"]
+    assert train["steps"] == 10 and train["timed_steps"] == 9 and train["flops"]["counted_step"] == 3
+    ts = series.to_dict()
+    assert sum(ts["train"]["steps"]) == 9 and 3 not in ts["train"]["first_step"]
+    assert max(ts["train"]["max_s"]) < 0.05  # the counted step's time is in no window
+    assert abs(sum(ts["train"]["step_s"]) - train["step_time_s"]) < 1e-4
+    assert sum(ts["eval"]["steps"]) == 5

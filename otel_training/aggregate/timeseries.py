@@ -266,25 +266,28 @@ class TimeSeries:
     def add(self, records: Sequence[StepRecord]) -> None:
         """Count a batch of finished steps: work per run of one mode, not per step."""
         with self._lock:
-            if not self._counted and records and records[-1].flops is not None:
-                records = self._without_counted(records)
-            for mode, run in groupby(records, _MODE):
+            for mode, steps in groupby(records, _MODE):
+                run = list(steps)
+                # The count is on every training step from the counted one on, never on
+                # an eval step: a run's last step tells (the batch's may be an eval step).
+                if not self._counted and run[-1].flops is not None:
+                    run = self._without_counted(run)
                 series = self._modes.get(mode)
                 if series is None:
                     series = self._modes[mode] = _Series()
                 elif self._last != mode:
                     series.interrupt()
-                series.add(list(run))
+                series.add(run)
                 self._last = mode
 
-    def _without_counted(self, records: Sequence[StepRecord]) -> Sequence[StepRecord]:
-        """The batch without the step FLOPs were counted on (it ran slower: the summary
+    def _without_counted(self, run: list[StepRecord]) -> list[StepRecord]:
+        """The run without the step FLOPs were counted on (it ran slower: the summary
         leaves it out of the step times and throughput too)."""
         self._counted = True
-        i = next(i for i, r in enumerate(records) if r.flops is not None)
-        if records[i].flops.source != SOURCE_MEASURED:
-            return records
-        return [*records[:i], *records[i + 1 :]]
+        i = next(i for i, r in enumerate(run) if r.flops is not None)
+        if run[i].flops.source != SOURCE_MEASURED:
+            return run
+        return run[:i] + run[i + 1 :]
 
     def to_dict(self) -> dict:
         """``{mode: {"width", "t", "wall_s", ..., "phases": {name: [s]}}}``: columns,
