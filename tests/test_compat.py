@@ -175,9 +175,14 @@ def test_a_model_first_used_later_is_discovered(instrumented):
     baseline = _module_global_hooks()
     tel = instrumented()
     a, b = make_model(), make_model()
+    during = []
     with torch.no_grad():
         for i, (x, y) in enumerate(DataLoader(make_dataset(24), batch_size=4)):
+            during.append(_module_global_hooks() == baseline)
             (a if i < 2 else b)(x)
+    after_loop = _module_global_hooks()
+    roots = set(map(id, tel.runtime.module_hooks.roots()))
+    tel.uninstrument()
     steps = tel.steps()
     # b first runs in batch 2, where no known root runs: its forward is unseen, so
     # that batch holds only its wait, which joins the next step (docs/steps.md);
@@ -185,7 +190,11 @@ def test_a_model_first_used_later_is_discovered(instrumented):
     # lifted again.
     assert [len(s.named("forward")) for s in steps] == [1] * 5
     assert [len(s.named("dataloader_next")) for s in steps] == [1, 1, 2, 1, 1]
-    assert set(map(id, tel.runtime.module_hooks.roots())) == {id(a), id(b)}
+    assert roots == {id(a), id(b)}
+    assert during == [False, True, True, False, True, True]  # armed: at the start, after batch 2
+    # The loop's end looks again (a module first called after a loop is a model of its
+    # own), and uninstrument removes that hook with every other attachment.
+    assert after_loop != baseline
     assert _module_global_hooks() == baseline
 
 
