@@ -490,8 +490,15 @@ def test_dataloader_iterated_by_a_prefetch_thread(instrumented):
             break
         train_step(model, opt, batch)
     tel.uninstrument()
-    steps = tel.steps()
+    traces = tel.steps()
+    # The first wait on the queue comes before the first forward, with no step open:
+    # named time between steps, a span of its own (the later waits are in the open step).
+    between = [t for t in traces if t.root.name != "step"]
+    assert [(t.root.name, t.mode, t.index) for t in between] == [("wait_queue", "between_steps", None)]
+    steps = [t for t in traces if t.root.name == "step"]
+    assert between[0].root.end_time <= steps[0].root.start_time
     assert [s.index for s in steps] == [0, 1, 2, 3]
+    assert [len(s.named("wait_queue")) for s in steps] == [1, 1, 1, 1]
     for s in steps:
         assert s.mode == "train"
         assert "dataloader_next" not in s.names()
