@@ -6,6 +6,8 @@
 # lowest and the newest torch release the package supports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$SECONDS
+took() { echo "test.sh: $1 took $((SECONDS - t0)) s"; t0=$SECONDS; }  # the README's table of parts
 bash scripts/setup.sh "test,distro,integrations"
 # Real Prometheus + promtool for the stack tests. Offline, those tests skip with the
 # reason; under CI=true they fail instead, so CI never passes without them.
@@ -19,13 +21,18 @@ export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check otel_training
 .venv/bin/ruff format --check otel_training
 .venv/bin/mypy
+took "set-up and checks"
 status=0
 # A torch below the supported range, for tests/test_preflight.py (a venv, no tests of its own).
 bash scripts/test-torch-range.sh below || status=$?
+took "below the floor"
 # The suite includes the package as a user gets it (tests/test_package.py): sdist and wheel
 # built and twine-checked, the wheel run from a fresh virtual environment.
 .venv/bin/python -m pytest -q -rs "$@" || status=$?
+took "the suite, newest SDK"
 bash scripts/test-sdk-lowest.sh "$@" || status=$?
+took "the suite, lowest SDK"
 # The tests marked `core` on both ends of the supported torch range (docs: README, "Supported versions").
 bash scripts/test-torch-range.sh floor newest -- "$@" || status=$?
+took "torch range"
 exit "$status"
