@@ -32,6 +32,11 @@ STEP_DETECTION_LINE = "otel-training: step detection"
 TIMEOUT_S = 240.0
 
 
+# Settings a script runs with besides the suite's own: ordinary_epochs is read as a user
+# reads a run, from the run-end table and verdict on stderr.
+SCRIPT_ENV: Dict[str, Dict[str, str]] = {"ordinary_epochs": {"OTEL_TRAINING_SUMMARY": "true"}}
+
+
 def script_path(name: str) -> Path:
     return HERE / f"{name}.py"
 
@@ -136,6 +141,7 @@ def run_loop(name: str, extra_env: Optional[Dict[str, str]] = None, timeout: flo
             TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
             LOOPS_LOOP_LOCK=str(session / "loop.lock"), LOOPS_PIDS_DIR=str(session / "pids"),
         )
+        env.update(SCRIPT_ENV.get(name, {}))
         env.update(extra_env or {})
         cmd = [str(BIN / "opentelemetry-instrument"), sys.executable, str(script_path(name))]
         t0 = time.monotonic()
@@ -198,14 +204,21 @@ def compare(r: LoopRun) -> List[str]:
              f"{modes.get('train', {}).get('skipped_updates', '-')}/{t['skipped_updates']}"]
     in_steps = sum(m.get("step_time_s", 0.0) for m in modes.values())
     outside = t.get("planted_outside_s", 0.0) + t.get("outside_after_last_step_s", 0.0)
-    loop_s = t["loop_wall_s"] - outside
+    named = sum(n["total_s"] for n in (t.get("named") or {}).values())
+    loop_s = t["loop_wall_s"] - outside - named
     lines.append(f"    coverage {in_steps / loop_s:.1%} of the {loop_s:.2f} s loop"
-                 + (f" ({t['loop_wall_s']:.2f} s less {outside:.3f} s between steps)" if outside else "")
+                 + (f" ({t['loop_wall_s']:.2f} s less {outside:.3f} s between steps"
+                    + (f" and {named:.3f} s named" if named else "") + ")" if outside or named else "")
                  + f"; summary coverage={s.get('coverage', '-')}; self_check={s.get('self_check', '-')}")
     if t.get("planted_outside_s"):
         got, want = s.get("coverage", {}).get("outside_s", 0.0), t["planted_outside_s"]
         lines.append(f"    between steps: {got * 1e3:.2f} ms, planted {want * 1e3:.2f} ({(got / want - 1) * 100:+.1f}%; "
                      f"{t.get('outside_loop_ends', 0)} loop ends)")
+    got_named = {n["name"]: n for n in s.get("coverage", {}).get("named") or ()}
+    for name, want in sorted((t.get("named") or {}).items()):
+        g = got_named.get(name, {"count": 0, "total_s": 0.0})
+        lines.append(f"    named {name}: {g['count']}x {g['total_s'] * 1e3:.1f} ms, the script {want['count']}x "
+                     f"{want['total_s'] * 1e3:.1f} ms")
     for mode, delays in sorted(t["planted"].items()):
         m = modes.get(mode)
         for name, want in sorted(delays.items()):

@@ -15,6 +15,9 @@ around the sleep. At the end it prints one line ``TRUTH {json}``:
     before_first_step_s  timed user code before the first step (``BEFORE``), for reference
     samples            {mode: samples the steps of that mode consumed} (``samples()``), only
                        in scripts that count them
+    named              {name: {"count": n, "total_s": s}}: blocks the script ran inside its
+                       own ``otel_training.phase(name)`` with no step open (``named()``),
+                       only in scripts that name time between steps
 
 Phase names are the ones the summary uses: ``dataloader_next`` (a slow Dataset
 ``__getitem__`` / ``collate_fn``), ``untracked`` (user code: logging, env simulation,
@@ -29,6 +32,12 @@ is planted with ``sleep_outside()`` (or ``sleep(OUTSIDE, ...)``) and measured wi
 it belongs to no mode and no phase. Outside time followed by a step counted later lies
 between two steps (the summary's ``coverage.outside_s``); outside time after the last
 counted step lies after the loop the summary measures, but within ``loop_wall_s``.
+Time the script names between steps (``otel_training.phase(name)`` with no step open: a
+checkpoint between epochs, a save after the last step) is measured with ``named(name)``
+inside that phase, and kept apart from the outside time: otel-training lists it as
+named time (``coverage.named``), not as ``coverage.outside_s``. Named time after the last
+step is still inside the loop the summary measures: outside time before it lies between
+steps.
 A block that runs both before the first step and in later steps' tails (the top of a
 loop body) is timed as ``BEFORE`` on its first run: that time is in no step.
 
@@ -80,6 +89,7 @@ class Truth:
         self._loop_ends_pending = 0
         self._before = 0.0  # timed user code before the first step
         self._samples: Dict[str, int] = {}  # samples consumed, by mode (scripts that count them)
+        self._named: Dict[str, List[float]] = {}  # name -> [count, seconds]: named time between steps
 
     # -- the loop's wall time ---------------------------------------------------------
     def start(self) -> None:
@@ -141,7 +151,8 @@ class Truth:
         self._samples[mode] = self._samples.get(mode, 0) + int(n)
 
     def _step_counted(self) -> None:
-        """A step was counted: outside time so far lies before it, between two steps.
+        """A step was counted (or named time began, which ends the summary's loop no
+        sooner than it does): outside time so far lies before it, between two steps.
         (Call ``sleep_outside()`` only once the step before it has been counted.)"""
         self._outside += self._outside_pending
         self._loop_ends += self._loop_ends_pending
@@ -176,6 +187,11 @@ class Truth:
         less of the timer's own time outside what it measures, in blocks run hundreds
         of times per step.)"""
         return _Timed(self, mode, phase)
+
+    def named(self, name: str) -> _Named:
+        """Measure a block run inside the script's ``otel_training.phase(name)`` with no
+        step open (named time between steps); its sleeps are plain ``time.sleep``."""
+        return _Named(self, name)
 
     def _add_timed(self, mode: str, phase: str, seconds: float) -> None:
         if mode == BEFORE:
@@ -221,6 +237,8 @@ class Truth:
             "before_first_step_s": self._before,
             "notes": self.notes,
             **({"samples": dict(self._samples)} if self._samples else {}),
+            **({"named": {k: {"count": int(c), "total_s": t} for k, (c, t) in self._named.items()}}
+               if self._named else {}),
         }
 
     def emit(self) -> None:
@@ -243,6 +261,26 @@ class _Timed:
     def __exit__(self, *exc) -> bool:
         t1 = time.perf_counter()
         self.truth._add_timed(self.mode, self.phase, (t1 - self.t) - (self.truth._slept - self.slept))
+        return False
+
+
+class _Named:
+    """``Truth.named()``: one more block of named time between steps, and its seconds."""
+
+    __slots__ = ("name", "t", "truth")
+
+    def __init__(self, truth: Truth, name: str) -> None:
+        self.truth, self.name = truth, name
+
+    def __enter__(self) -> None:
+        self.truth._step_counted()  # outside time before named time lies within the loop too
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc) -> bool:
+        dt = time.perf_counter() - self.t
+        slot = self.truth._named.setdefault(self.name, [0, 0.0])
+        slot[0] += 1
+        slot[1] += dt
         return False
 
 

@@ -28,7 +28,9 @@ and the plot after a no_grad prediction is that eval step's ``untracked``. The s
 one exception: once a DataLoader loop has ended, its ``StopIteration`` and whatever
 runs after the ``for`` loop until the next step begins lie outside every step
 (``coverage.outside_s``); scripts plant and measure that time apart
-(``planted_outside_s``), and the coverage check leaves it out of the loop's time.
+(``planted_outside_s``), and the coverage check leaves it out of the loop's time. So
+it does with time the script names there with its own ``otel_training.phase(name)``
+(``named``: a checkpoint between epochs), which must come back in ``coverage.named``.
 
 Runs: all selected scripts run once per session, ``LOOPS_JOBS`` (default 2) at a time,
 in the background; each test waits for its own script. Scripts named ``neg_*`` are
@@ -41,7 +43,9 @@ its tests are skipped with that reason.
 from __future__ import annotations
 
 import ast
+import json
 import os
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
@@ -185,6 +189,12 @@ def _outside_total(truth: dict) -> float:
     return float(truth.get("planted_outside_s", 0.0)) + float(truth.get("outside_after_last_step_s", 0.0))
 
 
+def _named_total(truth: dict) -> float:
+    """Seconds the script spent in its own ``otel_training.phase(name)`` with no step
+    open (named time between steps), within its loop."""
+    return sum(float(n["total_s"]) for n in (truth.get("named") or {}).values())
+
+
 def _phase_total(mode_summary: dict, name: str, mode: str) -> float:
     """Seconds in every phase called ``name`` of one mode, whatever its parent (a
     ``dataloader_next`` may sit inside ``train_batch`` when a loader is read mid-step)."""
@@ -291,20 +301,20 @@ def test_planted_delays(loop):
 def test_coverage(loop):
     """Steps cover the loop: the summed step time of every mode is at least 95% of the
     loop's wall time as the script measured it, less the time it spent between steps
-    (after a DataLoader loop ended: in no step by the spec); the summary reports its
-    coverage."""
+    (after a DataLoader loop ended: in no step by the spec) and in the phases it named
+    there; the summary reports its coverage."""
     truth, summary = _truth(loop), _summary(loop)
     modes = _get(summary, "modes")
     # step_time_s leaves out the one FLOP-count step (its statistics would be skewed), which
     # still lies inside the loop: add it back.
     in_steps = sum(float(_get(m, "step_time_s", f"summary modes.{name}"))
                    + float((m.get("flops") or {}).get("counted_step_s", 0.0)) for name, m in modes.items())
-    outside = _outside_total(truth)
-    loop_s = truth["loop_wall_s"] - outside
+    outside, named = _outside_total(truth), _named_total(truth)
+    loop_s = truth["loop_wall_s"] - outside - named
     coverage = summary.get("coverage", MISSING)
     assert in_steps >= COVERAGE_MIN * loop_s, (
         f"{loop.name}: steps cover {in_steps:.3f} s of the script's {loop_s:.3f} s loop "
-        f"({truth['loop_wall_s']:.3f} s less {outside:.3f} s between steps; "
+        f"({truth['loop_wall_s']:.3f} s less {outside:.3f} s between steps and {named:.3f} s named there; "
         f"{in_steps / loop_s:.1%} < {COVERAGE_MIN:.0%}); summary coverage: "
         f"{'absent' if coverage is MISSING else coverage}")
     cov = _get(summary, "coverage")
@@ -328,6 +338,32 @@ def test_outside_time(loop):
         f"{loop.name}: coverage.outside_s={got * 1e3:.1f} ms, the script spent {planted * 1e3:.1f} ms between "
         f"steps (after {ends} DataLoader loop ends): want {planted * 1e3:.1f} to {high * 1e3:.1f} ms; "
         f"summary coverage: {_get(summary, 'coverage')}")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_named_time(loop):
+    """The script's own ``otel_training.phase(name)`` with no step open (a checkpoint
+    between epochs, a save after the last step) comes back in ``coverage.named``: each
+    name as often as the script entered it, its total within 10% plus a few ms a time of
+    the script's clock inside it, and none of it counted as ``coverage.outside_s``."""
+    truth, summary = _truth(loop), _summary(loop)
+    want = truth.get("named")
+    if not want:
+        pytest.skip("the script names no time between steps")
+    named = _get(summary, "coverage.named")
+    got = {n["name"]: n for n in named}
+    assert set(got) == set(want), f"{loop.name}: coverage.named lists {sorted(got)}, the script named {sorted(want)}"
+    for name, w in sorted(want.items()):
+        g = got[name]
+        high = w["total_s"] * (1 + DELAY_TOLERANCE) + OUTSIDE_ALLOWANCE_S * w["count"]
+        assert g["count"] == w["count"] and w["total_s"] <= g["total_s"] <= high, (
+            f"{loop.name}: named {name!r}: {g['count']} x, {g['total_s'] * 1e3:.1f} ms in coverage.named; the script "
+            f"entered it {w['count']} x for {w['total_s'] * 1e3:.1f} ms (want up to {high * 1e3:.1f} ms)")
+    assert float(_get(summary, "coverage.named_s")) >= _named_total(truth), _get(summary, "coverage")
+    outside, planted = float(_get(summary, "coverage.outside_s")), _outside_total(truth)
+    assert outside < planted + _named_total(truth) / 2, (
+        f"{loop.name}: coverage.outside_s={outside * 1e3:.1f} ms holds named time (the script spent "
+        f"{planted * 1e3:.1f} ms between steps outside its named phases)")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -399,3 +435,99 @@ def test_run_section(loop):
     run = _get(_summary(loop), "run")
     key, want = RUN_FACTS[loop.name]
     assert run["device"] == "cpu" and run[key] == want, f"{loop.name}: run section {run}"
+
+
+# -- ordinary_epochs: the numbers and advice a user reads first (issue 33) --------------
+ORDINARY = "ordinary_epochs"
+RATE_TOLERANCE = 0.10  # samples/s within 10% of the script's own clock (the eval-between-epochs bug: 7x low)
+_TABLE_RATE = re.compile(r"^otel-training: (\w+) — .*, ([\d,.]+) samples/s$")
+
+
+def _clock_rate(truth: dict, summary: dict, mode: str) -> float:
+    """The script's samples/s in ``mode`` by its own clock (imagenet's ``batch_time``),
+    less the FLOP-count step, which the summary's throughput leaves out."""
+    clock = _get(truth, f"notes.clock.{mode}", "TRUTH")
+    samples, step_s = list(clock["samples"]), list(clock["step_s"])
+    counted = ((_mode(summary, mode) or {}).get("flops") or {}).get("counted_step")
+    if counted is not None:  # train numbering: the script's step index
+        del samples[counted], step_s[counted]
+    return sum(samples) / sum(step_s)
+
+
+@pytest.mark.parametrize("shape", [ORDINARY])
+def test_ordinary_epochs_throughput(loop, tmp_path):
+    """Each mode's samples/s (summary, run-end table, ``report --summary``) is its
+    samples over its own step time, as the script's clock has it -- not over the span
+    from the mode's first step to its last, which for eval between epochs holds whole
+    epochs of training."""
+    from otel_training.cli.report_sources import load_summaries
+
+    truth, summary = _truth(loop), _summary(loop)
+    table = {m.group(1): float(m.group(2).replace(",", ""))
+             for m in map(_TABLE_RATE.match, loop.stderr.splitlines()) if m}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    report = load_summaries([str(path)])
+    problems = []
+    for mode in MODES:
+        want = _clock_rate(truth, summary, mode)
+        got = float(_get(summary, f"modes.{mode}.samples_per_s"))
+        if abs(got / want - 1) > RATE_TOLERANCE:
+            problems.append(
+                f"{mode} {got:.1f} samples/s in the summary, {want:.1f} by the script's clock "
+                f"({(got / want - 1) * 100:+.0f}%; summary wall_s {_get(summary, f'modes.{mode}.wall_s'):.2f} s, "
+                f"step_time_s {_get(summary, f'modes.{mode}.step_time_s'):.2f} s)")
+    assert not problems, f"{loop.name}: samples/s per mode:\n  " + "\n  ".join(problems)
+    for mode in MODES:
+        got = float(_get(summary, f"modes.{mode}.samples_per_s"))
+        assert mode in table and abs(table[mode] - got) <= max(0.5, 0.001 * got), (
+            f"{loop.name}: the run-end table says {table.get(mode)} samples/s for {mode}, the summary {got:.1f}")
+        rate = float(_get(report, f"modes.{mode}.throughput_sps", "report"))
+        assert abs(rate - got) <= 0.001 * got, f"{loop.name}: report {rate:.1f} samples/s for {mode}, summary {got:.1f}"
+
+
+@pytest.mark.parametrize("shape", [ORDINARY])
+def test_ordinary_epochs_named_checkpoint(loop):
+    """The README's ``@otel_training.phase("checkpoint")`` between epochs and once after
+    the last step is named time: in coverage (epochs + 1 times, the planted time), a root
+    span of its own each time, the run-end coverage line -- and no self-check for it."""
+    truth, summary = _truth(loop), _summary(loop)
+    epochs, save_s = int(truth["notes"]["epochs"]), float(truth["notes"]["save_delay_s"])
+    named = {n["name"]: n for n in _get(summary, "coverage.named")}
+    assert "checkpoint" in named, f"{loop.name}: no checkpoint in coverage: {_get(summary, 'coverage')}"
+    got, want_s = named["checkpoint"], truth["named"]["checkpoint"]["total_s"]
+    assert got["count"] == epochs + 1, f"{loop.name}: checkpoint named {got['count']} x, saved {epochs + 1} x"
+    assert (epochs + 1) * save_s <= want_s <= got["total_s"] <= want_s * (1 + DELAY_TOLERANCE) + 0.005 * (epochs + 1), (
+        f"{loop.name}: checkpoint {got['total_s']:.3f} s in coverage, {want_s:.3f} s by the script "
+        f"({epochs + 1} x {save_s} s planted)")
+    spans = [sp for sp in loop.spans if sp[0] == "checkpoint"]
+    assert len(spans) == epochs + 1 and not any(sp[2] for sp in spans), (
+        f"{loop.name}: checkpoint spans (name, parent): {[(sp[0], sp[2].hex()) for sp in spans]}")
+    line = [ln for ln in loop.stderr.splitlines() if ln.strip().startswith("coverage:")]
+    assert line and f"checkpoint {epochs + 1} ×" in line[0], f"{loop.name}: run-end coverage line {line}"
+    assert _get(summary, "self_check") == [] and not loop.step_detection_lines(), (
+        f"{loop.name}: self-check {summary['self_check']}, stderr {loop.step_detection_lines()}")
+
+
+@pytest.mark.parametrize("shape", [ORDINARY])
+def test_ordinary_epochs_advice(loop):
+    """A compute-bound bf16-autocast CPU run is not told to use mixed precision, nor to
+    raise the batch size while GPU memory allows: the run section says what is in place
+    and the advice (the run-end verdict, and the findings ``report`` builds from the
+    summary) names the cpu."""
+    from otel_training.cli.verdict import diagnose
+
+    summary = _summary(loop)
+    findings = diagnose(summary)
+    compute = [f for f in findings if f.kind == "compute_bound"]
+    assert compute, (f"{loop.name}: the train steps are mostly compute, but the findings are "
+                     f"{[(f.kind, f.detail) for f in findings]}: the advice check below would check nothing")
+    lines = loop.stderr.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("verdict: ")), None)
+    assert at is not None, f"{loop.name}: no run-end verdict on stderr:\n{loop.stderr_tail()}"
+    advice = [a for f in findings for a in f.advice] + [ln for ln in lines[at:] if ln.startswith("  - ")]
+    wrong = [a for a in advice if "mixed precision" in a or "GPU memory" in a or "batch size" in a]
+    assert not wrong, f"{loop.name}: advice that does not fit a bf16-autocast CPU run: {wrong}"
+    assert any("cpu" in a for a in compute[0].advice), f"{loop.name}: compute advice names no device: {compute[0]}"
+    run = _get(summary, "run")
+    assert run.get("device") == "cpu" and run.get("autocast_dtype") == "bfloat16", f"{loop.name}: run section {run}"

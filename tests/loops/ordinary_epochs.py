@@ -1,0 +1,208 @@
+# Shape: pytorch/examples imagenet/main.py — per epoch: train() over a DataLoader (data_time / batch_time AverageMeters, forward, criterion, accuracy, losses.update(loss.item()), zero_grad, backward, step, progress.display every print_freq), validate() under no_grad over a val DataLoader (display_summary at its end), then save_checkpoint({epoch, state_dict, best_acc1, optimizer, scheduler}, is_best) with torch.save; here AdamW, CosineAnnealingLR stepped per batch, bf16 autocast on the CPU, tqdm bars, the checkpoint under the README's @otel_training.phase("checkpoint"), and one more save after the last epoch.
+"""The issue-33 "ordinary loop": one train step per ``optimizer.step()``, one eval step
+per val batch (the last one short), and between epochs a named checkpoint
+(``otel_training.phase("checkpoint")`` with no step open: named time between steps),
+plus a final save after the last step (counted too). A small CNN on synthetic 48x48
+images stands in for resnet18; forward and loss run under
+``torch.autocast("cpu", dtype=torch.bfloat16)``. The script keeps imagenet's own clock
+(``batch_time``: from the end of one iteration to the end of the next) per mode and
+prints it in TRUTH ``notes.clock`` (each step's samples and seconds, in each mode's
+step order): samples/s per mode are checked against it. Planted: a slow Dataset ``__getitem__`` for both loaders
+(``dataloader_next``), a slow console behind the progress display every
+``PRINT_FREQ`` train batches (train ``untracked``), a slow ``display_summary`` after
+each validation loop (between steps), and a slow filesystem under each
+``torch.save`` (named ``checkpoint`` time). Train steps are compute-heavy (the
+compute finding's advice is read for a bf16-autocast CPU run)."""
+
+import os
+import shutil
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+from _truth import BEFORE, EVAL, OUTSIDE, TRAIN, Truth
+from torch.optim.lr_scheduler import CosineAnnealingLR
+from torch.utils.data import DataLoader, Dataset
+
+import otel_training
+
+try:
+    from tqdm import tqdm
+except ImportError:  # the loop runs without progress bars
+    tqdm = None
+
+torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
+torch.manual_seed(0)
+truth = Truth("ordinary_epochs")
+
+EPOCHS, BATCH_SIZE, PRINT_FREQ, IMAGE, CLASSES = 3, 32, 4, 48, 10
+TRAIN_SAMPLES, VAL_SAMPLES = 12 * BATCH_SIZE, 3 * BATCH_SIZE + 16  # the last val batch holds 16
+SAMPLE_DELAY_TRAIN, SAMPLE_DELAY_VAL = 0.0001, 0.0003
+DISPLAY_DELAY, SUMMARY_DELAY, SAVE_DELAY = 0.016, 0.030, 0.150
+clock = {TRAIN: {"samples": [], "step_s": []}, EVAL: {"samples": [], "step_s": []}}  # imagenet's batch_time, per step
+
+
+class SlowImages(Dataset):
+    """Synthetic 48x48 RGB images whose decode sleeps (like reading JPEG files)."""
+
+    def __init__(self, n, delay, mode):
+        g = torch.Generator().manual_seed(n)
+        self.x = torch.randn(n, 3, IMAGE, IMAGE, generator=g)
+        self.y = torch.randint(0, CLASSES, (n,), generator=g)
+        self.delay, self.mode = delay, mode
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        truth.sleep(self.mode, "dataloader_next", self.delay)
+        return self.x[i], self.y[i]
+
+
+class AverageMeter:
+    def __init__(self, name):
+        self.name = name
+        self.val = self.avg = self.sum = 0.0
+        self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def accuracy(output, target):
+    """Top-1 accuracy of the batch, in percent (a tensor)."""
+    with torch.no_grad():
+        return output.argmax(dim=1).eq(target).float().mean() * 100.0
+
+
+def bar(loader, desc):
+    return tqdm(loader, desc=desc, mininterval=0.5) if tqdm is not None else loader
+
+
+def train(train_loader, model, criterion, optimizer, scheduler, epoch):
+    with truth.timed(BEFORE if epoch == 0 else OUTSIDE, "outside"):  # after the last epoch's checkpoint
+        batch_time, losses, top1 = AverageMeter("Time"), AverageMeter("Loss"), AverageMeter("Acc@1")
+        model.train()
+        progress = bar(train_loader, f"Epoch: [{epoch}]")
+        end = time.perf_counter()
+    for i, (images, target) in enumerate(progress):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = model(images)
+            loss = criterion(output, target)
+        acc1 = accuracy(output, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        truth.train_step(microbatches=1)
+        truth.samples(TRAIN, images.size(0))
+        loss_value, acc_value = loss.item(), acc1.item()
+        with truth.timed(TRAIN, "untracked"):
+            losses.update(loss_value, images.size(0))
+            top1.update(acc_value, images.size(0))
+            now = time.perf_counter()
+            batch_time.update(now - end)
+            clock[TRAIN]["step_s"].append(now - end)
+            clock[TRAIN]["samples"].append(images.size(0))
+            end = now  # as imagenet's train(): the display is in the next iteration's batch_time
+            if i % PRINT_FREQ == 0:
+                if tqdm is not None:
+                    progress.set_postfix(loss=f"{losses.avg:.4f}", acc1=f"{top1.avg:.1f}")
+                else:
+                    print(f"Epoch: [{epoch}][{i}/{len(train_loader)}]\tLoss {losses.avg:.4e}", flush=True)
+                truth.sleep(TRAIN, "untracked", DISPLAY_DELAY)  # a slow console / log shipper
+    truth.loop_end()
+
+
+def validate(val_loader, model, criterion):
+    with truth.timed(OUTSIDE, "outside"):
+        batch_time, losses, top1 = AverageMeter("Time"), AverageMeter("Loss"), AverageMeter("Acc@1")
+        model.eval()
+        progress = bar(val_loader, "Test")
+    with torch.no_grad():
+        end = time.perf_counter()
+        for images, target in progress:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                output = model(images)
+                loss = criterion(output, target)
+            acc1 = accuracy(output, target)
+            truth.eval_step()
+            truth.samples(EVAL, images.size(0))
+            loss_value, acc_value = loss.item(), acc1.item()
+            with truth.timed(EVAL, "untracked"):
+                losses.update(loss_value, images.size(0))
+                top1.update(acc_value, images.size(0))
+                now = time.perf_counter()
+                batch_time.update(now - end)
+                clock[EVAL]["step_s"].append(now - end)
+                clock[EVAL]["samples"].append(images.size(0))
+                end = now
+    truth.loop_end()
+    with truth.timed(OUTSIDE, "outside"):
+        print(f" * Acc@1 {top1.avg:.3f} Loss {losses.avg:.4f}", flush=True)  # progress.display_summary()
+        truth.sleep_outside(SUMMARY_DELAY)  # a slow console
+    return top1.avg
+
+
+checkpoint_dir = tempfile.mkdtemp(prefix="ordinary-epochs-")
+
+
+@otel_training.phase("checkpoint")  # the README's decorator
+def save_checkpoint(state, is_best, filename="checkpoint.pth.tar"):
+    with truth.named("checkpoint"):
+        path = os.path.join(checkpoint_dir, filename)
+        torch.save(state, path)
+        if is_best:
+            shutil.copyfile(path, os.path.join(checkpoint_dir, "model_best.pth.tar"))
+        time.sleep(SAVE_DELAY)  # a slow (network) filesystem
+
+
+model = nn.Sequential(  # a small CNN for resnet18: the step's time is mostly compute
+    nn.Conv2d(3, 32, 3, padding=1),
+    nn.ReLU(),
+    nn.Conv2d(32, 64, 3, stride=2, padding=1),
+    nn.ReLU(),
+    nn.Conv2d(64, 64, 3, padding=1),
+    nn.ReLU(),
+    nn.AdaptiveAvgPool2d(1),
+    nn.Flatten(),
+    nn.Linear(64, CLASSES),
+)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+train_loader = DataLoader(
+    SlowImages(TRAIN_SAMPLES, SAMPLE_DELAY_TRAIN, TRAIN), batch_size=BATCH_SIZE, shuffle=True, num_workers=0
+)
+val_loader = DataLoader(
+    SlowImages(VAL_SAMPLES, SAMPLE_DELAY_VAL, EVAL), batch_size=BATCH_SIZE, shuffle=False, num_workers=0
+)
+scheduler = CosineAnnealingLR(optimizer, T_max=EPOCHS * len(train_loader))  # stepped per batch
+best_acc1 = 0.0
+
+truth.start()
+for epoch in range(EPOCHS):
+    train(train_loader, model, criterion, optimizer, scheduler, epoch)
+    acc1 = validate(val_loader, model, criterion)
+    with truth.timed(OUTSIDE, "outside"):
+        is_best = acc1 > best_acc1
+        best_acc1 = max(acc1, best_acc1)
+        state = {
+            "epoch": epoch + 1,
+            "arch": "mlp",
+            "state_dict": model.state_dict(),
+            "best_acc1": best_acc1,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        }
+    save_checkpoint(state, is_best)
+with truth.timed(OUTSIDE, "outside"):
+    state = {"epoch": EPOCHS, "state_dict": model.state_dict()}
+save_checkpoint(state, False, "final.pth.tar")  # after the last step
+truth.stop()
+shutil.rmtree(checkpoint_dir, ignore_errors=True)
+truth.notes.update(clock=clock, epochs=EPOCHS, save_delay_s=SAVE_DELAY)
+truth.emit()
