@@ -71,6 +71,9 @@
     }
     var series = [{ label: spec.xlabel, value: function (u, v) { return clock(v); } }];
     spec.series.forEach(function (s, k) {
+      // Few values (an eval pass of a window or two between training epochs): draw them as
+      // points too, or a pass of one window would not show at all.
+      var known = raw[k].filter(function (v) { return v != null; }).length;
       series.push({
         label: s.label,
         stroke: s.color,
@@ -78,7 +81,7 @@
         dash: s.dash || undefined,
         fill: stacked ? s.color + "cc" : undefined,
         spanGaps: stacked,
-        points: { show: !stacked && spec.x.length <= 30, size: 5 },
+        points: { show: !stacked && (spec.x.length <= 30 || known <= 30), size: 5 },
         value: function (u, v, si, i) { return i == null ? "-" : fmt(spec.unit, raw[k][i]); },
       });
     });
