@@ -3,8 +3,8 @@
 # the trace file, the summary and report, the integrations) on both ends of the supported
 # torch range: constraints-torch-floor.txt and constraints-torch-newest.txt, each in a
 # virtualenv of its own (.venv-torch-floor, .venv-torch-newest) with torch's default build
-# from the package index (a CUDA build, which runs on the CPU). pip's cache keeps the
-# downloads, and a venv that already holds the pinned torch is reused.
+# from the package index (a CUDA build, which runs on the CPU: about 6 GB a venv). A venv
+# that already holds the pinned torch is reused.
 # `below` (constraints-torch-below.txt, a release under the floor) only builds its venv:
 # tests/test_preflight.py runs a loop there and expects the one "not instrumenting" line.
 # Usage: scripts/test-torch-range.sh [floor|newest|below]... [-- PYTEST ARGS]

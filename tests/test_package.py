@@ -162,7 +162,8 @@ def venv(dist, tmp_path_factory):
     bindir = home / "venv" / "bin"
     _run([bindir / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
           "-c", pins, f"{dist[0]}[instruments]"], cwd=home, env=env)
-    return bindir
+    yield bindir
+    shutil.rmtree(home / "venv", ignore_errors=True)  # several GB with a CUDA build of torch
 
 
 def test_the_installed_package_is_the_wheel_not_the_repository(venv, tmp_path):
