@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
 from otel_training import processes
+from otel_training.semconv import ATTR_HOST_NAME, ATTR_RUN_ID
 
 METRIC_EXPORT_INTERVAL_MS = "5000"  # 5 s: dashboards see a step-time change quickly
 # What this distro generated, as "<pid> key=value,...": a child process that inherits
@@ -55,13 +56,13 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
     extra = []
     if "service.instance.id" not in present:
         extra.append(f"service.instance.id={uuid.uuid4()}")
-    if "host.name" not in present:
-        extra.append(f"host.name={socket.gethostname()}")
-    if "training.run.id" not in present:
-        extra.append(f"training.run.id={run_id()}")
+    if ATTR_HOST_NAME not in present:
+        extra.append(f"{ATTR_HOST_NAME}={socket.gethostname()}")
+    if ATTR_RUN_ID not in present:
+        extra.append(f"{ATTR_RUN_ID}={run_id()}")
     if extra:
         attrs = ",".join(([attrs] if attrs.strip() else []) + extra)
-        mine = [kv for kv in extra if not kv.startswith("host.name=")]
+        mine = [kv for kv in extra if not kv.startswith(ATTR_HOST_NAME + "=")]
         environ[_GENERATED] = f"{os.getpid()} " + ",".join(mine)
     if attrs != original:
         environ["OTEL_RESOURCE_ATTRIBUTES"] = attrs
@@ -79,7 +80,7 @@ def _drop_inherited(attrs: str, environ: MutableMapping[str, str]) -> str:
         key, _, value = kv.partition("=")
         if key == "service.instance.id":
             drop.add((key, value))
-        elif key == "training.run.id" and environ.get("TORCHELASTIC_RUN_ID", value) != value:
+        elif key == ATTR_RUN_ID and environ.get("TORCHELASTIC_RUN_ID", value) != value:
             drop.add((key, value))
     kept = [kv for kv in attrs.split(",") if (kv.split("=", 1)[0].strip(), kv.split("=", 1)[-1].strip()) not in drop]
     return ",".join(kept)

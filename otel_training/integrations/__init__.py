@@ -103,8 +103,3 @@ def disable() -> None:
             except Exception as exc:  # pragma: no cover
                 integ.bridge.error(exc)
         _active.clear()
-
-
-def active(name: str) -> Any | None:
-    """The enabled Integration object for ``name`` (tests, debugging)."""
-    return _active.get(name)
