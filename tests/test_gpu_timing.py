@@ -145,7 +145,6 @@ def test_pool_exhaustion_returns_none_without_blocking():
         tokens.append(timer.mark())
         marks.append(dev.clock())
     assert [t is None for t in tokens] == [False] * 4 + [True] * 2
-    assert timer.exhausted == 2
     assert dev.clock.now < dev.default.busy_until  # nobody waited
     device = timer.resolve(marks, tokens)
     assert device[:4] == sorted(device[:4]) and device[4:] == [None, None]
@@ -275,7 +274,7 @@ def test_resolve_failure_falls_back_without_raising(caplog):
     tokens[1].event.elapsed_time = boom
     with caplog.at_level(logging.WARNING, logger="otel_training"):
         assert timer.resolve([0, 1], tokens) is None
-    assert timer.errors == 1 and "CUDA event timing failed" in caplog.text
+    assert caplog.text.count("CUDA event timing failed") == 1
 
 
 def test_offset_estimator_keeps_the_tightest_bound_with_drift():

@@ -43,7 +43,7 @@ def _sdk_pair(delta: bool = False, **reader_kw):
     # A view that matches nothing still makes the bank stand aside.
     sdk_provider, sdk_reader = _provider(delta, views=[View(instrument_name="no.such.instrument")], **reader_kw)
     fast, sdk = _metrics(fast_provider), _metrics(sdk_provider)
-    assert fast.fast and not sdk.fast
+    assert fast.bank is not None and sdk.bank is None
     return (fast, fast_reader), (sdk, sdk_reader)
 
 
@@ -148,23 +148,23 @@ def test_exemplars_name_the_traced_step():
 def test_stands_aside_where_it_would_not_be_exact():
     _, reader = _provider()
     exp_provider, _ = _provider(preferred_aggregation={Histogram: ExponentialBucketHistogramAggregation()})
-    assert not _metrics(exp_provider).fast
+    assert _metrics(exp_provider).bank is None
     view_provider, _ = _provider(views=[View(instrument_name="*")])
-    assert not _metrics(view_provider).fast
+    assert _metrics(view_provider).bank is None
     other_buckets, _ = _provider(preferred_aggregation={Histogram: ExplicitBucketHistogramAggregation([1.0, 2.0])})
-    assert not _metrics(other_buckets).fast
+    assert _metrics(other_buckets).bank is None
     no_min_max, _ = _provider(preferred_aggregation={
         Histogram: ExplicitBucketHistogramAggregation(record_min_max=False)})
-    assert not _metrics(no_min_max).fast
+    assert _metrics(no_min_max).bank is None
     same_buckets, _ = _provider(preferred_aggregation={
         Histogram: ExplicitBucketHistogramAggregation(list(sc.DURATION_BUCKETS))})
-    assert _metrics(same_buckets).fast
+    assert _metrics(same_buckets).bank is not None
     no_readers = MeterProvider()
-    assert not _metrics(no_readers).fast
+    assert _metrics(no_readers).bank is None
     from opentelemetry.metrics import NoOpMeterProvider
 
     noop = NoOpMeterProvider()
-    assert not StepMetrics(noop.get_meter("x"), COMMON, noop).fast
+    assert StepMetrics(noop.get_meter("x"), COMMON, noop).bank is None
 
 
 def test_one_bank_per_provider_across_reinstrumentation():
@@ -204,7 +204,7 @@ def test_the_sdk_configurators_setup_takes_the_binned_path(monkeypatch, preferen
     provider = MeterProvider(metric_readers=[reader])
     try:
         m = _metrics(provider)
-        assert m.fast
+        assert m.bank is not None
         (state,) = m.bank._readers
         assert state.delta == (preference == "delta")
     finally:

@@ -56,6 +56,7 @@ class StepMetrics:
             sc.METRIC_GPU_IDLE, unit="s", description="Time the GPU sat idle, by the phase the host was in"
         )
         self._common = dict(common)
+        # Bins the histograms here, or None where the SDK records them itself.
         self.bank: HistogramBank | None = None
         if meter_provider is not None:
             self.bank = bank_for(
@@ -129,11 +130,6 @@ class StepMetrics:
             r.microbatches,
             r.skipped,
         )
-
-    @property
-    def fast(self) -> bool:
-        """True when histograms are binned here rather than recorded through the SDK."""
-        return self.bank is not None
 
     def _for_mode(self, mode: str) -> dict:
         attrs = self._mode_attrs.get(mode)

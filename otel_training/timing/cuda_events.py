@@ -82,8 +82,7 @@ class OffsetEstimator:
 class CudaEventTimer(DeviceTimer):
     """Mode ``events``: pooled CUDA timing events, resolved on the pipeline thread.
 
-    ``mode`` reads ``off`` until the program initializes CUDA (then ``events``);
-    ``exhausted`` counts marks that got no event because the pool was empty.
+    ``mode`` reads ``off`` until the program initializes CUDA (then ``events``).
     """
 
     def __init__(
@@ -106,8 +105,6 @@ class CudaEventTimer(DeviceTimer):
         self._ref_t0 = 0
         self._spare: Any = None
         self._warned = False
-        self.exhausted = 0
-        self.errors = 0
 
     @property
     def mode(self) -> str:
@@ -157,8 +154,7 @@ class CudaEventTimer(DeviceTimer):
                 return None
         try:
             ev = self._free.pop()
-        except IndexError:
-            self.exhausted += 1  # the pipeline lags: no timing rather than a wait
+        except IndexError:  # the pipeline lags: no timing rather than a wait
             return None
         try:
             if self._backend.capturing():  # an event in a CUDA graph capture never fires alone
@@ -272,8 +268,7 @@ class CudaEventTimer(DeviceTimer):
         return round(ms * 1e6)
 
     def _error(self, where: str, exc: BaseException) -> None:
-        self.errors += 1
-        if not self._warned:
+        if not self._warned:  # once: the affected marks say the rest
             self._warned = True
             logger.warning(
                 "otel-training: CUDA event timing failed in %s (%r); affected marks fall back to host clocks",
