@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
-took() { echo "test.sh: $1 took $((SECONDS - t0)) s"; t0=$SECONDS; }  # the README's table of parts
+took() { echo "test.sh: $1 took $((SECONDS - t0)) s"; t0=$SECONDS; }  # CONTRIBUTING.md's table of parts
 bash scripts/setup.sh "test,distro,integrations"
 # Real Prometheus + promtool for the stack tests. Offline, those tests skip with the
 # reason; under CI=true they fail instead, so CI never passes without them.
@@ -32,7 +32,7 @@ took "below the floor"
 took "the suite, newest SDK"
 bash scripts/test-sdk-lowest.sh "$@" || status=$?
 took "the suite, lowest SDK"
-# The tests marked `core` on both ends of the supported torch range (docs: README, "Supported versions").
+# The tests marked `core` on both ends of the supported torch range (docs/configuration.md, "Supported versions").
 bash scripts/test-torch-range.sh floor newest -- "$@" || status=$?
 took "torch range"
 exit "$status"
