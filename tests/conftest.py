@@ -23,7 +23,7 @@ import pytest
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -368,6 +368,16 @@ def reader_points(reader) -> dict:
                 out.setdefault(m.name, []).extend(
                     (dict(p.attributes), p.value) for p in m.data.data_points)
     return out
+
+
+class EndedSpans(SpanProcessor):
+    """Counts the spans ended on its tracer provider (every span made, exported or not)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.count += 1
 
 
 def manual_steps(steps: int) -> None:

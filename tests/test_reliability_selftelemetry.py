@@ -34,7 +34,7 @@ from otel_training.export.sdk_logs import EXPORT_LOGGERS
 from otel_training.instrumentor import TrainingInstrumentor
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.cli.render import render_summary as render
-from tests.conftest import manual_steps
+from tests.conftest import EndedSpans, manual_steps
 
 CONFIG = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,
                              gpu_timing="off", summary=False, integrations=(), shutdown_timeout=2.0)
@@ -121,6 +121,8 @@ def _points(reader: InMemoryMetricReader, name: str) -> list:
 def test_failed_span_exports_count_failures_and_the_spans_they_carried(instrument):
     exporter = FailingSpanExporter()
     tp = TracerProvider()
+    made = EndedSpans()
+    tp.add_span_processor(made)
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     rt = instrument(tp, MeterProvider(metric_readers=[reader]))
@@ -129,7 +131,7 @@ def test_failed_span_exports_count_failures_and_the_spans_they_carried(instrumen
     tel = rt.telemetry
     assert exporter.calls > 0
     assert tel.export_failures["traces"] == exporter.calls  # SimpleSpanProcessor: one span a call
-    assert tel.spans_dropped == exporter.calls == tel.spans_created
+    assert tel.spans_dropped == exporter.calls == made.count
 
     failures = {p.attributes[sc.ATTR_COMPONENT]: p.value
                 for _, p in _points(reader, sc.METRIC_EXPORT_FAILURES)}
@@ -160,6 +162,8 @@ def test_failed_metric_exports_are_counted_by_component(instrument):
 def test_spans_refused_by_a_full_span_queue_are_counted(instrument):
     exporter = GatedSpanExporter()
     tp = TracerProvider()
+    made = EndedSpans()
+    tp.add_span_processor(made)
     tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=4, max_export_batch_size=2,
                                              schedule_delay_millis=5))
     rt = instrument(tp, MeterProvider(metric_readers=[InMemoryMetricReader()]))
@@ -168,13 +172,13 @@ def test_spans_refused_by_a_full_span_queue_are_counted(instrument):
     exporter.gate.set()
     tp.force_flush()
     tel = rt.telemetry
-    assert tel.spans_created > 4
+    assert made.count > 4
     assert tel.spans_dropped > 0
     # Nothing unaccounted. (The SDK counts a drop when it finds the queue full; its
     # worker may take a batch between that check and the insert, so a count can be one
     # high under a race, never low.)
-    assert len(exporter.exported) + tel.spans_dropped >= tel.spans_created
-    assert tel.spans_dropped <= tel.spans_created - len(exporter.exported) + 2
+    assert len(exporter.exported) + tel.spans_dropped >= made.count
+    assert tel.spans_dropped <= made.count - len(exporter.exported) + 2
 
 
 def test_internal_errors_are_counted_by_component_and_exported(instrument):
@@ -265,6 +269,8 @@ def test_counters_stay_monotone_across_uninstrument_and_instrument_again(instrum
     instrumentation of the same providers must still be counted, and never go back."""
     exporter = FailingSpanExporter()
     tp = TracerProvider()
+    made = EndedSpans()
+    tp.add_span_processor(made)
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     mp = MeterProvider(metric_readers=[reader])

@@ -20,6 +20,7 @@ from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
 from otel_training.record.tracker import Tracker
 from otel_training.timing.device import DeviceTimer
+from tests.conftest import EndedSpans
 
 
 class _Clock:
@@ -42,10 +43,13 @@ def _pipeline(trace_all: bool):
     telemetry = SelfTelemetry()
     # Every step traced (one by one, with exemplars), or only the first.
     capture = TailCapture(0, 1, 1e12) if trace_all else TailCapture(0, 0, 1e9)
-    pipeline = Pipeline(spans=StepSpans(TracerProvider().get_tracer("t"), {}, 0, telemetry), metrics=metrics,
+    tracer_provider = TracerProvider()
+    made = EndedSpans()
+    tracer_provider.add_span_processor(made)
+    pipeline = Pipeline(spans=StepSpans(tracer_provider.get_tracer("t"), {}, 0, telemetry), metrics=metrics,
                         capture=capture, summary=RunSummary({}, "off"), timer=DeviceTimer(),
                         telemetry=telemetry, offset=0)
-    return pipeline, reader, telemetry
+    return pipeline, reader, telemetry, made
 
 
 def _run(tracker: Tracker, seed: int) -> None:
@@ -99,7 +103,7 @@ def test_steps_by_layout_run_add_up_as_steps_one_by_one(monkeypatch):
     monkeypatch.setattr(record_mod, "_MAX_LAYOUTS", 8)  # the one-off layouts overflow it
     results = []
     for trace_all in (False, True):
-        pipeline, reader, telemetry = _pipeline(trace_all)
+        pipeline, reader, telemetry, made = _pipeline(trace_all)
         tracker = Tracker(pipeline.submit, DeviceTimer(), clock=_Clock(seed=3))
         _run(tracker, seed=11)
         assert pipeline.flush(5.0)  # no thread started: drains here
@@ -107,7 +111,7 @@ def test_steps_by_layout_run_add_up_as_steps_one_by_one(monkeypatch):
         for mode in summary["modes"].values():
             mode["phases"].sort(key=lambda p: (p["name"], p["parent"]))
         results.append((summary["modes"], _points(reader)))
-        assert (telemetry.spans_created > 400) == trace_all
+        assert (made.count > 400) == trace_all
         assert sum(telemetry.errors.values()) == 0
     (modes, points), (modes_1by1, points_1by1) = results
     assert modes == modes_1by1
@@ -123,7 +127,7 @@ def test_the_summary_keeps_a_bounded_sample_of_durations(monkeypatch):
     from otel_training.aggregate import summary as summary_mod
 
     monkeypatch.setattr(summary_mod, "_MAX_DURATIONS", 100)
-    pipeline, _, _ = _pipeline(False)
+    pipeline, _, _, _ = _pipeline(False)
     clock = iter(range(1_000, 10**9, 1_000))
     tracker = Tracker(pipeline.submit, DeviceTimer(), clock=lambda: next(clock))
     for _ in range(650):
