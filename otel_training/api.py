@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Literal
 
-from otel_training import runtime as _runtime
+from otel_training.runtime import active as _runtime
 
 
 class step(contextlib.ContextDecorator):

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
-from otel_training import processes
+from otel_training.runtime import processes
 from otel_training.semconv import ATTR_HOST_NAME, ATTR_RUN_ID
 
 METRIC_EXPORT_INTERVAL_MS = "5000"  # 5 s: dashboards see a step-time change quickly
@@ -193,7 +193,7 @@ class TrainingDistro(BaseDistro):
     """``opentelemetry_distro`` entry point: sensible defaults for training jobs.
 
     In a multiprocessing ``spawn`` child it holds everything (see
-    ``otel_training.processes``): a DataLoader worker then sets up nothing at all,
+    ``otel_training.runtime.processes``): a DataLoader worker then sets up nothing at all,
     another spawned process (a ``torch.multiprocessing.spawn`` rank) is set up as
     usual once its process object arrives. A helper (forkserver, resource tracker)
     holds for good.

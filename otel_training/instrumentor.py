@@ -19,7 +19,7 @@ from otel_training.package import _instruments
 from otel_training.preflight import INTEGRATIONS_FIX, described, not_instrumenting
 
 if TYPE_CHECKING:
-    from otel_training.runtime import Runtime
+    from otel_training.runtime.active import Runtime
 
 
 class TrainingInstrumentor(BaseInstrumentor):
@@ -41,7 +41,7 @@ class TrainingInstrumentor(BaseInstrumentor):
         if not config.enabled:
             return
         try:
-            from otel_training.runtime import Runtime
+            from otel_training.runtime.active import Runtime
         except Exception as exc:  # torch or one of our dependencies cannot be imported
             not_instrumenting(f"{described(exc)} while importing", "check that `python -c 'import torch'` works")
             return

@@ -54,7 +54,7 @@ ENTRY_POINTS = [
     ("otel_training.api", "__enter__", "begin_between"),  # phase() with no step open
     ("otel_training.api", "__exit__", "end_between"),
     ("otel_training.export.progress", "open_phase_seconds", "open_phase_start"),
-    ("otel_training.runtime", "shutdown", "close"),
+    ("otel_training.runtime.active", "shutdown", "close"),
 ]
 _OURS = ("otel_training.record.tracker", "otel_training.record.phase_stack")
 

@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_training
 from otel_training.config import load_config
-from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from otel_training.instrumentor import TrainingInstrumentor
+from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from tests.otlp_receiver import OTLPReceiver, attributes, data_points
 from tests.scripts.harness import instrumented, otel_env, run
 
@@ -227,9 +227,10 @@ def test_a_rank_started_by_torch_multiprocessing_spawn_stays_instrumented(tmp_pa
 
 # What a held child may have loaded of ours: the distro and what it imports, nothing more.
 # preflight (the pre-instrument check, standard library only) runs in every process and says
-# nothing in a spawned child; package holds the torch floor it reads.
-HELD_MODULES = {"otel_training", "otel_training.distro", "otel_training.processes", "otel_training.version",
-                "otel_training.preflight", "otel_training.package"}
+# nothing in a spawned child; package holds the torch floor it reads. The runtime package
+# loads its Runtime only when first used.
+HELD_MODULES = {"otel_training", "otel_training.distro", "otel_training.runtime", "otel_training.runtime.processes",
+                "otel_training.version", "otel_training.preflight", "otel_training.package"}
 
 
 def _assert_set_up_nothing(worker: dict) -> None:
@@ -245,9 +246,10 @@ def _assert_set_up_nothing(worker: dict) -> None:
 
 @pytest.fixture
 def held(monkeypatch):
-    """``otel_training.processes`` in a clean state; a test poses as a child through
+    """``otel_training.runtime.processes`` in a clean state; a test poses as a child through
     ``sys.orig_argv``. The distro's own set-up steps are recorded, not run."""
-    from otel_training import distro, processes
+    from otel_training import distro
+    from otel_training.runtime import processes
 
     processes.reset()
     calls: list = []
@@ -382,7 +384,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from otel_training import processes
+from otel_training.runtime import processes
 from torch.utils.data._utils.worker import _worker_loop
 import multiprocessing
 sys.orig_argv = sys.orig_argv + ["--multiprocessing-fork"]

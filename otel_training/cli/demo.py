@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         f"dataset sleeping {args.sample_delay_ms:g} ms per sample, num_workers={args.workers}",
         file=sys.stderr,
     )
-    from otel_training import runtime
+    from otel_training.runtime import active as runtime
 
     instrumentor = TrainingInstrumentor()
     instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, config=config)

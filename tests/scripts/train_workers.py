@@ -54,7 +54,7 @@ class Reporting(Dataset):
             deadline = time.monotonic() + 3.0
             while _our_threads() and time.monotonic() < deadline:
                 time.sleep(0.02)
-            runtime = sys.modules.get("otel_training.runtime")
+            runtime = sys.modules.get("otel_training.runtime.active")
             record = {
                 "method": self.method, "pid": os.getpid(), "ppid": os.getppid(), "worker": info.id,
                 "threads": _our_threads(),

@@ -17,7 +17,8 @@ imported), no thread started. When the process object arrives
 
 A helper process holds for good: it runs no user code of its own.
 
-Only the standard library is imported here: this module runs in every child.
+Only the standard library is imported here (the runtime package's ``__init__`` imports
+nothing until used): this module runs in every child.
 """
 
 from __future__ import annotations

@@ -9,14 +9,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-import weakref
 from typing import Any
 
-from otel_training import processes
 from otel_training import semconv as sc
 from otel_training.aggregate.pipeline import Pipeline
 from otel_training.aggregate.sampling import TailCapture
@@ -29,62 +26,26 @@ from otel_training.export.sdk import export_interval_s
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
 from otel_training.handles import Handles
-from otel_training.perf import Perf
-from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
-from otel_training.record.reentry import interrupted_bookkeeping
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
+from otel_training.runtime import processes
+from otel_training.runtime.perf_wiring import Perf
+from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
+from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
-_SIGTERM_RETRIES = 100  # deliveries 1 ms apart while SIGTERM lands in our own code (record/reentry.py)
 _CURRENT: Runtime | None = None
 
 
-def _after_fork_in_child(ref) -> None:
-    runtime = ref()
-    if runtime is not None and runtime.active:  # installed, not uninstalled
-        runtime.disable_in_child("fork")
-
-
-def _ending_exception(final: bool) -> BaseException | None:
-    """The exception that is ending the run, if any: the one being handled, or -- at
-    interpreter exit, not in an interactive session -- the uncaught one Python
-    reported (``sys.last_value``), e.g. from an optimizer step, which no hook wraps."""
-    exc = sys.exc_info()[1]
-    if exc is None and final and not hasattr(sys, "ps1") and not sys.flags.interactive:
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    return None if isinstance(exc, SystemExit) else exc
-
-
-_MAIN_IDENT = threading.main_thread().ident
-_main_end_hooked = False
-
-
-def _hook_main_thread_end() -> None:
-    """Once per process: when the main thread's code has returned, the current runtime
-    hears of it (threading's own exit hook, which ``concurrent.futures`` uses too, runs
-    before any ``atexit`` handler). Where this Python lacks it, the ``atexit`` handler
-    ends the open step, as before."""
-    global _main_end_hooked
-    register = getattr(threading, "_register_atexit", None)
-    if _main_end_hooked or register is None:
-        return
-    try:
-        register(_main_thread_ended)
-        _main_end_hooked = True
-    except RuntimeError:  # the interpreter is already shutting down
-        pass
+def current() -> Runtime | None:
+    return _CURRENT
 
 
 def _main_thread_ended() -> None:
     runtime = _CURRENT
     if runtime is not None:
         runtime._main_thread_ended()
-
-
-def current() -> Runtime | None:
-    return _CURRENT
 
 
 def _service_name(tracer_provider) -> str:
@@ -96,7 +57,7 @@ def _service_name(tracer_provider) -> str:
     return os.environ.get("OTEL_SERVICE_NAME", "unknown_service")
 
 
-class Runtime:
+class Runtime(ProcessEvents):
     def __init__(self, config: Config, tracer_provider, meter_provider) -> None:
         from otel_training.timing import make_timer
 
@@ -121,7 +82,7 @@ class Runtime:
         }
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.trace_file = self._trace_file(config, summary_info, offset)
-        self.perf = Perf(config, meter, common, self.on_error)  # throughput, FLOPs, memory (perf.py)
+        self.perf = Perf(config, meter, common, self.on_error)  # throughput, FLOPs, memory (perf_wiring.py)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset, self.telemetry),
             metrics=StepMetrics(
@@ -214,114 +175,15 @@ class Runtime:
         self.active = True
         atexit.register(self.shutdown)
         handles.on_remove(lambda: atexit.unregister(self.shutdown), "atexit")
-        _hook_main_thread_end()
+        hook_main_thread_end(_main_thread_ended)
         self._install_process_handlers()
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
             self._check_files()
-
-    def _install_process_handlers(self) -> None:
-        """Fork, spawn and SIGTERM: workers stay silent, a terminated job still flushes."""
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-            os.register_at_fork(after_in_child=lambda: _after_fork_in_child(ref))
-        if self.role == ROLE_SPAWN:
-            # A spawned child ran sitecustomize like its parent; only once the process
-            # object arrives do we learn whether it is a DataLoader worker.
-            try:
-                import multiprocessing.process as mp_process
-
-                self.handles.wrap(mp_process.BaseProcess, "run", self._process_run_wrapper)
-            except Exception as exc:
-                self.on_error("workers", exc)
-        try:
-            if (
-                threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-            ):
-                self._sigterm_retries = 0
-                signal.signal(signal.SIGTERM, self._on_sigterm)
-                self.handles.on_remove(self._restore_sigterm, "SIGTERM")
-        except (ValueError, OSError, AttributeError) as exc:  # not the main interpreter
-            self.on_error("signals", exc)
 
     def _check_files(self) -> None:
         self.summary_file.check()
         if self.trace_file is not None:
             self.trace_file.check()
-
-    def _process_run_wrapper(self, wrapped, instance, args, kwargs):
-        # Under opentelemetry-instrument the distro holds a spawned child's set-up until
-        # the process object arrives (otel_training.processes), so a worker never gets
-        # here; this covers instrument() called in a spawned child's own code.
-        if processes.is_dataloader_worker(instance):
-            try:
-                self.disable_in_child("dataloader worker")
-            except Exception as exc:  # pragma: no cover
-                self.on_error("workers", exc)
-        elif not self._closed:
-            self._check_files()  # e.g. a rank started by torch.multiprocessing.spawn
-        return wrapped(*args, **kwargs)
-
-    def _on_sigterm(self, signum, frame) -> None:
-        """Flush within the shutdown budget, then die of SIGTERM as if we were not here.
-
-        Called by another handler that took our place and chains to us (PyTorch
-        Lightning does, to stop at the next step and save state): flush only, and leave
-        the decision to it -- the exit handlers finish the job later. Landed inside our
-        own bookkeeping, it comes again 1 ms later (record/reentry.py)."""
-        if signal.getsignal(signal.SIGTERM) != self._on_sigterm:
-            try:
-                self.flush(self.config.shutdown_timeout)
-            except Exception:  # pragma: no cover
-                pass
-            return
-        try:
-            if self._sigterm_retries < _SIGTERM_RETRIES and interrupted_bookkeeping(frame):
-                # Mid-step in our own code: ending the run from here would lose that step.
-                self._sigterm_retries += 1
-                again = (threading.main_thread().ident, signal.SIGTERM)
-                timer = threading.Timer(0.001, signal.pthread_kill, again)
-                timer.daemon = True
-                timer.start()
-                return
-        except Exception:  # pragma: no cover - end the run now, as before
-            pass
-        try:
-            self.shutdown(final=True)
-        except Exception:  # pragma: no cover - never stand between a job and its exit
-            pass
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        except Exception:  # pragma: no cover
-            pass
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def _main_thread_ended(self) -> None:
-        """The main thread's code returned (interpreter exit, before the ``atexit``
-        handlers and the joins of other threads): a step still open on it ends now.
-        Else a loop that ends without a loader's ``StopIteration`` (nanoGPT's
-        ``while True: ... break``) would hold in its last step the exit-time work of
-        libraries whose handlers run before ours (``torch.compile``'s worker pool: 1-1.5 s
-        on an H100 machine). Training on a non-daemon thread is joined first, as the
-        interpreter would join it next, and its open step ends when it has ended (a
-        thread that has not trained yet is unknown here: its last step ends at exit)."""
-        try:
-            tracker = self.tracker
-            if not self.active or self._closed:
-                return
-            ident = tracker.thread
-            if ident is None:
-                return
-            if ident != _MAIN_IDENT:
-                thread = next((t for t in threading.enumerate() if t.ident == ident), None)
-                if thread is not None:
-                    if thread.daemon:  # never joined: the atexit handler ends its step
-                        return
-                    thread.join()
-            if tracker.step is not None:
-                tracker.finish_step(_ending_exception(True))
-        except Exception as exc:
-            self.on_error("shutdown", exc)
 
     def disable_in_child(self, why: str) -> None:
         """This process is a forked child or a DataLoader worker: no hooks fire, no
@@ -362,16 +224,6 @@ class Runtime:
         # A later manual step() must not re-arm discovery.
         self.tracker.after_step = None
         self.tracker.on_loop = None
-
-    def _restore_sigterm(self) -> None:
-        try:
-            if (
-                threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) == self._on_sigterm
-            ):
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        except (ValueError, OSError):  # pragma: no cover
-            pass
 
     # -- end of run -------------------------------------------------------------------------
     def flush(self, timeout: float) -> bool:
@@ -417,7 +269,7 @@ class Runtime:
 
         try:
             if self.tracker.step is not None:
-                self.tracker.finish_step(_ending_exception(final))
+                self.tracker.finish_step(ending_exception(final))
         except Exception as exc:
             self.on_error("shutdown", exc)
         try:
