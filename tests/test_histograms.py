@@ -196,17 +196,33 @@ def test_the_sdk_configurators_setup_takes_the_binned_path(monkeypatch, preferen
     """What ``opentelemetry-instrument`` builds (a periodic reader, the OTLP exporter,
     its temporality preference) must not silently fall back to the slow path."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
+
+    class Kept(OTLPMetricExporter):
+        """The OTLP exporter as configured, keeping what it would send."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.sent: list = []
+
+        def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+            self.sent.append(metrics_data)
+            return MetricExportResult.SUCCESS
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", preference)
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint="http://127.0.0.1:9", insecure=True),
-                                           export_interval_millis=3_600_000)
+    exporter = Kept(endpoint="http://127.0.0.1:9", insecure=True)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader])
     try:
         m = _metrics(provider)
         assert m.bank is not None
-        (state,) = m.bank._readers
-        assert state.delta == (preference == "delta")
+        _record_steps([m], 3, seed=9)
+        reader.force_flush()
+        reader.force_flush()  # no new steps: a delta reader has nothing to send
+        counts = [[p.count for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+                   if metric.name == sc.METRIC_STEP_DURATION for p in metric.data.data_points]
+                  for data in exporter.sent]
+        assert counts == ([[3]] if preference == "delta" else [[3], [3]])
     finally:
         provider.shutdown(timeout_millis=100)
 

@@ -128,8 +128,8 @@ def test_uninstrument_flushes_but_leaves_the_providers_running(run):
 
 def test_sigterm_handler_is_installed_only_over_the_default_and_removed_on_uninstrument(run):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    rt = run(TracerProvider(), MeterProvider())
-    assert signal.getsignal(signal.SIGTERM) == rt._on_sigterm
+    run(TracerProvider(), MeterProvider())
+    assert callable(signal.getsignal(signal.SIGTERM))  # ours (what it does: the tests below)
     otel_training.uninstrument()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
@@ -149,13 +149,21 @@ def test_a_user_sigterm_handler_is_left_alone(run):
 
 
 def test_sigterm_runs_the_bounded_shutdown_then_the_default_action(run, monkeypatch):
-    rt = run(TracerProvider(), MeterProvider())
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=60_000))
+    run(tp, MeterProvider())
     _train(2)
     kills = []
     monkeypatch.setattr("os.kill", lambda pid, sig: kills.append((sig, signal.getsignal(signal.SIGTERM))))
-    rt._on_sigterm(signal.SIGTERM, None)
-    assert rt._closed  # shut down (summary written, telemetry flushed)
+    signal.raise_signal(signal.SIGTERM)  # delivered for real; the handler's own kill is recorded
     assert kills == [(signal.SIGTERM, signal.SIG_DFL)]  # then die of SIGTERM, as without us
+    assert {s.name for s in exporter.get_finished_spans()} >= {"step"}  # telemetry flushed
+    tp.get_tracer("user").start_span("after").end()
+    tp.force_flush()
+    assert "after" not in {s.name for s in exporter.get_finished_spans()}  # providers shut down
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -182,8 +190,11 @@ def test_a_handler_that_chains_to_ours_keeps_control(run, monkeypatch):
         _train(3)
         lightning_like(signal.SIGTERM, None)
         assert stop_requested == [signal.SIGTERM] and kills == []
-        assert not rt._closed  # the run goes on ...
-        assert exporter.get_finished_spans()  # ... with what was measured already exported
+        exported = len(exporter.get_finished_spans())
+        assert exported  # what was measured is exported ...
         _train(1)
+        assert rt.pipeline.flush(5)
+        tp.force_flush()
+        assert len(exporter.get_finished_spans()) > exported  # ... and the run goes on, measured
     finally:
         signal.signal(signal.SIGTERM, previous)
