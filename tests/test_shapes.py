@@ -46,7 +46,7 @@ def _pipeline(trace_all: bool):
     tracer_provider = TracerProvider()
     made = EndedSpans()
     tracer_provider.add_span_processor(made)
-    pipeline = Pipeline(spans=StepSpans(tracer_provider.get_tracer("t"), {}, 0, telemetry), metrics=metrics,
+    pipeline = Pipeline(spans=StepSpans(tracer_provider.get_tracer("t"), {}, 0), metrics=metrics,
                         capture=capture, summary=RunSummary({}, "off"), timer=DeviceTimer(),
                         telemetry=telemetry, offset=0)
     return pipeline, reader, telemetry, made

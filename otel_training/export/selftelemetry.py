@@ -28,7 +28,6 @@ class SelfTelemetry:
         self.export_failures: Counter = Counter()  # "traces" | "metrics" -> count
         self.spans_dropped = 0
         self.steps_dropped = 0
-        self.spans_created = 0
         # Re-entrant: a signal handler on the main thread may count while it holds it.
         self._lock = threading.RLock()
 
@@ -64,11 +63,6 @@ class SelfTelemetry:
         if count > 0:
             with self._lock:
                 self.steps_dropped += count
-
-    def spans_created_add(self, count: int) -> None:
-        """Spans we created (the pipeline thread)."""
-        with self._lock:
-            self.spans_created += count
 
     def after_fork(self) -> None:
         """In a forked child: a lock a parent thread held at the fork stays held here."""

@@ -84,12 +84,11 @@ class StepSpans:
     """The span consumer: a ``step`` span and one child per phase for each traced
     record (one with a ``trace_reason``), with explicit timestamps."""
 
-    def __init__(self, tracer: Any, attributes: dict[str, Any], offset: int, telemetry: Any) -> None:
+    def __init__(self, tracer: Any, attributes: dict[str, Any], offset: int) -> None:
         self._tracer = tracer
         self._attrs = dict(attributes)
         self._inherited = {k: self._attrs[k] for k in _INHERITED if k in self._attrs}
         self._offset = offset  # perf_counter ns -> epoch ns
-        self._telemetry = telemetry
         _private_ids(tracer)
 
     def add(self, records: Sequence[Any]) -> dict[int, Context]:
@@ -120,7 +119,6 @@ class StepSpans:
             spans[0].record_exception(error)
         for span, p in reversed(list(zip(spans, record.phases))):
             span.end(end_time=p.end + offset)
-        self._telemetry.spans_created_add(len(spans))
 
     def _emit(self, record: Any) -> Any:
         attrs = dict(self._attrs)
@@ -152,5 +150,4 @@ class StepSpans:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
             root.record_exception(error)
         root.end(end_time=times[-1] + offset)
-        self._telemetry.spans_created_add(1 + len(spans))
         return root

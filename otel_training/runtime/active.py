@@ -84,7 +84,7 @@ class Runtime(ProcessEvents):
         self.trace_file = self._trace_file(config, summary_info, offset)
         self.perf = Perf(config, meter, common, self.on_error)  # throughput, FLOPs, memory (perf_wiring.py)
         self.pipeline = Pipeline(
-            spans=StepSpans(tracer, common, offset, self.telemetry),
+            spans=StepSpans(tracer, common, offset),
             metrics=StepMetrics(
                 meter,
                 common,
@@ -317,7 +317,8 @@ class Runtime(ProcessEvents):
 
     def _report(self) -> None:
         try:
-            from otel_training.cli.render import render_summary, self_check_line
+            from otel_training.diagnosis.findings_text import self_check_line
+            from otel_training.diagnosis.summary_text import render_summary
 
             summary = self.summary_dict()
             if self.config.summary and summary["modes"]:
