@@ -33,7 +33,7 @@ def main() -> None:
     # The pipeline thread must not drain: its work is counted here instead.
     restructured = os.path.exists(os.path.join(args.root, "otel_training", "aggregate", "pipeline.py"))
     pipeline_mod = importlib.import_module("otel_training.aggregate.pipeline" if restructured
-                                           else "otel_training.pipeline")  # (before issue 14)
+                                           else "otel_training.pipeline")  # (an older checkout's layout)
     pipeline_mod._POLL_S = 3600.0
     pipeline_mod._WAKE_AT = 10**9
     from tests.conftest import Instrumented

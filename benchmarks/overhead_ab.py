@@ -6,8 +6,8 @@ them for one ``overhead.py`` round at a time (a plain epoch, an instrumented one
 plain one, on the ~1 ms case), alternating which goes first, so the machine's drift
 over minutes falls on both alike. Both workers are replaced by fresh ones every
 ``--restart-every`` rounds: one process can run 10-20 µs a step slower than another
-for the whole of its life (where its memory and core landed), which an A/A run with
-two long-lived workers showed. Printed: each checkout's median ratio and µs added per
+for the whole of its life (where its memory and core landed), as an A/A run with
+two long-lived workers shows. Printed: each checkout's median ratio and µs added per
 step, and the median of the paired per-round differences. Run a checkout against
 itself (A/A) to see the noise floor.
 

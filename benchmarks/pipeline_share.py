@@ -10,7 +10,7 @@ a plain loop has none). Set-ups, toggled in one process, round after round:
 - ``empty``: the pipeline only empties its queue (what waking and freeing cost).
 
 Every µs of pipeline CPU costs the training thread about one µs of waiting, so the
-two columns move together (docs/performance.md, "A fourth session").
+two columns move together on two cores (docs/performance.md, "Where the cost is").
 
     .venv/bin/python benchmarks/pipeline_share.py [--rounds 6] [--polls 0.1,0.5]
 """

@@ -1,4 +1,4 @@
-"""Micro-costs of the per-step work for throughput, FLOPs and memory (issue 15).
+"""Micro-costs of the per-step work for throughput, FLOPs and memory.
 
 Each call timed alone with ``timeit`` (best of 5 repeats, µs per call), and the
 one-off FLOP count of a ~1 ms step and of a small GPT step. Opcodes per step:
@@ -34,7 +34,7 @@ def calls() -> None:
 
     def fresh():
         step.batch_size = None
-        if hasattr(step, "token_count"):  # (not in a checkout before issue 15)
+        if hasattr(step, "token_count"):  # (an older checkout has no token fields)
             step.token_count = step.token_masks = None
 
     def row(what, stmt, number=20000):

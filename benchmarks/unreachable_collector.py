@@ -15,7 +15,7 @@ Two measurements, each side by side with an uninstrumented run:
 
     .venv/bin/python benchmarks/unreachable_collector.py [--rounds 20] [--exit-rounds 3] [--live]
 
-Targets (issue 6): instrumented-with-dead-collector / plain wall time <= 1.02; exit
+Targets: instrumented-with-dead-collector / plain wall time <= 1.02; exit
 latency <= 3 s (OTEL_TRAINING_SHUTDOWN_TIMEOUT defaults to 2 s).
 """
 

@@ -35,7 +35,7 @@ compiles the editable package's sources at each import.
     .venv/bin/python benchmarks/worker_startup.py [--rounds 5] [--epochs 4] [--methods spawn,forkserver]
     .venv/bin/python benchmarks/worker_startup.py --profile   # where a spawned worker's CPU goes
 
-Target (issue 13, item 8): loop instrumented / plain <= 1.10 for spawn and forkserver.
+Target: loop instrumented / plain <= 1.10 for spawn and forkserver.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 #     PY=python3 bash scripts/gpu-checks.sh tests timing   # a subset: tests timing profiler costs overhead demo
 #
 # Each step has a time limit in seconds (TESTS_S, TIMING_S, PROFILER_S, COSTS_S, OVERHEAD_S, DEMO_S) so
-# that one slow step cannot take a lent machine's whole slot; TIMING_ARGS goes to
+# that one slow step cannot take a GPU machine's whole time slot; TIMING_ARGS goes to
 # benchmarks/gpu_timing.py (e.g. "--rounds 10 --loops gpt,gpt-compiled").
 # The image's own torch is used as it is: any release from otel_training/package.py's
 # TORCH_FLOOR on (below it, the run says "otel-training: not instrumenting: ...").
