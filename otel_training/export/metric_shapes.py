@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import groupby, repeat
 from operator import sub, truediv
-from typing import Any
+from typing import TYPE_CHECKING
 
 from otel_training.aggregate.record import (
     BATCH_SIZE,
@@ -28,6 +28,10 @@ from otel_training.aggregate.record import (
     StepRecord,
     bounds,
 )
+from otel_training.export.histograms import HistogramBank, Series
+
+if TYPE_CHECKING:
+    from otel_training.export.metrics import StepMetrics
 
 _MAX_CACHED = 1024  # layouts whose series are looked up once
 _NS = repeat(1e9)
@@ -36,11 +40,12 @@ _NS = repeat(1e9)
 class LayoutQueues:
     """Queues untraced records' values into the bank's series, by layout run."""
 
-    def __init__(self, metrics: Any) -> None:
+    def __init__(self, metrics: StepMetrics, bank: HistogramBank) -> None:
         self._metrics = metrics  # the StepMetrics that owns this strategy
-        self._series: dict[Layout, list[Any]] = {}
+        self._bank = bank  # its bank
+        self._series: dict[Layout, list[Series]] = {}
 
-    def _series_of(self, layout: Layout) -> list[Any]:
+    def _series_of(self, layout: Layout) -> list[Series]:
         series = self._series.get(layout)
         if series is None:
             handle = self._metrics.phase_handle
@@ -50,15 +55,14 @@ class LayoutQueues:
         return series
 
     def add(self, records: Sequence[StepRecord]) -> None:
-        metrics = self._metrics
-        bank = metrics.bank
+        metrics, bank = self._metrics, self._bank
         for layout, group in groupby(records, BY_LAYOUT):
             run = list(group)
             mode = layout.mode
             series = self._series_of(layout)
             untracked = [u for u in map(UNTRACKED_NS, run) if u > 0]
             untracked_series = metrics.phase_handle(mode, UNTRACKED_KEY) if untracked else None
-            step_series = metrics.step_series(mode)
+            step_series = metrics.step_series(mode, bank)
             starts, ends = bounds(run)
             steps = map(sub, ends, starts)
             with bank.lock:  # the bank's series are read by the collecting thread

@@ -9,14 +9,18 @@ for the bank a layout run at a time (``metric_shapes.py``, private to this consu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from otel_training import semconv as sc
 from otel_training.aggregate.record import IDLE_NS, StepRecord
-from otel_training.export.histograms import HistogramBank, bank_for
+from otel_training.export.histograms import HistogramBank, Series, bank_for
 from otel_training.export.metric_shapes import LayoutQueues
+
+if TYPE_CHECKING:
+    from otel_training.aggregate.between import BetweenRecord
 
 _UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)
 _STEP_DESCRIPTION = "Duration of a training or eval step"
@@ -67,16 +71,16 @@ class StepMetrics:
             self._fast_phase = self.bank.histogram(sc.METRIC_PHASE_DURATION, "s", _PHASE_DESCRIPTION)
         # Attribute dicts (and series) are built once and reused: no per-step allocation.
         self._mode_attrs: dict[str, dict] = {}
-        self._phase_attrs: dict[tuple[str, str, str], Any] = {}
-        self._step_series: dict[str, Any] = {}
+        self._phase_attrs: dict[tuple[str, str, str], Series] = {}
+        self._step_series: dict[str, Series] = {}
         self._idle_attrs: dict[tuple[str, str], dict] = {}
         # Counters are summed here and added once per pipeline drain (cheaper).
         self._pending: dict[str, list] = {}
         self._queued_steps = 0  # steps whose values were queued since the last flush
         self._offset = offset  # perf_counter ns -> epoch ns (exemplar times)
-        self._queues = LayoutQueues(self) if self.bank is not None else None
+        self._queues = LayoutQueues(self, self.bank) if self.bank is not None else None
 
-    def add(self, records: Sequence[StepRecord], contexts: dict[int, Any]) -> None:
+    def add(self, records: Sequence[StepRecord], contexts: dict[int, Context]) -> None:
         """A batch of finished steps; ``contexts``: per traced record (``id``), the
         context holding its step span (exemplars)."""
         queues = self._queues
@@ -100,7 +104,7 @@ class StepMetrics:
                 if record.idle_ns:
                     self._add_idle(record.mode, record.idle_ns)
 
-    def add_between(self, record: Any) -> None:
+    def add_between(self, record: BetweenRecord) -> None:
         """Named time between steps (``aggregate.between.BetweenRecord``): a
         ``training.phase.duration`` point per phase, ``training.mode="between_steps"``."""
         mode = sc.MODE_BETWEEN
@@ -110,10 +114,10 @@ class StepMetrics:
             with bank.lock:
                 bank.add_all(values)
         else:
-            for attrs, seconds in values:
-                self._phase.record(seconds, attrs)
+            for handle, seconds in values:
+                self._phase.record(seconds, handle.attributes)
 
-    def _record_one(self, r: StepRecord, context: Any) -> None:
+    def _record_one(self, r: StepRecord, context: Context | None) -> None:
         handle = self.phase_handle
         mode = r.mode
         phases = [(handle(mode, key), ns / 1e9) for key, ns in zip(r.layout.keys, r.phase_ns)]
@@ -137,9 +141,10 @@ class StepMetrics:
             attrs = self._mode_attrs[mode] = {**self._common, sc.ATTR_MODE: mode}
         return attrs
 
-    def phase_handle(self, mode: str, key: tuple[str, str]) -> Any:
+    def phase_handle(self, mode: str, key: tuple[str, str]) -> Series:
         """The handle ``record_phases`` takes for phase ``key`` (name, parent) in
-        ``mode``: made once, so recording builds no attributes."""
+        ``mode``: made once, so recording builds no attributes. The bank's series,
+        or one of no buckets that only holds the attributes for the SDK."""
         handle = self._phase_attrs.get((mode,) + key)
         if handle is None:
             attrs = self._phase_attributes(self._for_mode(mode), key)
@@ -147,15 +152,15 @@ class StepMetrics:
                 with self.bank.lock:  # the collecting thread iterates the series
                     handle = self._fast_phase.series(attrs)
             else:
-                handle = attrs
+                handle = Series(attrs, 0)
             self._phase_attrs[(mode,) + key] = handle
         return handle
 
-    def step_series(self, mode: str) -> Any:
-        """The bank's step-duration series of ``mode``."""
+    def step_series(self, mode: str, bank: HistogramBank) -> Series:
+        """The step-duration series of ``mode`` in ``bank`` (this consumer's)."""
         series = self._step_series.get(mode)
-        if series is None and self.bank is not None:
-            with self.bank.lock:
+        if series is None:
+            with bank.lock:
                 series = self._step_series[mode] = self._fast_step.series(self._for_mode(mode))
         return series
 
@@ -181,10 +186,10 @@ class StepMetrics:
         self,
         mode: str,
         duration_s: float,
-        phases: list[tuple[Any, float]],
+        phases: list[tuple[Series, float]],
         idle: dict[str, float] | None,
         batch_size: int | None,
-        context=None,
+        context: Context | None = None,
         end_ns: int = 0,
         microbatches: int = 0,
         skipped: int = 0,
@@ -199,14 +204,14 @@ class StepMetrics:
                 ctx = trace.get_current_span(context).get_span_context()
                 if ctx.is_valid and ctx.trace_flags.sampled:
                     exemplar = (ctx.trace_id, ctx.span_id, end_ns)
-            phases.append((self.step_series(mode), duration_s))
+            phases.append((self.step_series(mode, bank), duration_s))
             with bank.lock:
                 bank.add_all(phases, exemplar)
         else:
             self._step.record(duration_s, attrs, context=context)
             record = self._phase.record
-            for phase_attrs, seconds in phases:
-                record(seconds, phase_attrs, context=context)
+            for handle, seconds in phases:
+                record(seconds, handle.attributes, context=context)
         self.count(mode, 1, batch_size or 0, queued=False, microbatches=microbatches, skipped=skipped)
         if idle:
             self._add_idle(mode, {name: int(seconds * 1e9) for name, seconds in idle.items()})

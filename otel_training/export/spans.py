@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from otel_training import semconv as sc
 from otel_training.export import sdk
+
+if TYPE_CHECKING:
+    from otel_training.aggregate.between import BetweenRecord
+    from otel_training.aggregate.record import StepRecord
 
 _ROOT_CONTEXT = Context()
 _INHERITED = (sc.ATTR_RANK, sc.ATTR_LOCAL_RANK, sc.ATTR_WORLD_SIZE)
@@ -51,14 +55,14 @@ if RandomIdGenerator is not None:
     _PRIVATE_IDS = _PrivateRandomIdGenerator()
 
 
-def _private_ids(tracer) -> None:
+def _private_ids(tracer: Tracer) -> None:
     """Give our own tracer (scope ``otel_training``) private random ids; a custom
     id generator configured by the user is kept."""
     if RandomIdGenerator is not None:
         sdk.use_id_generator(tracer, _PRIVATE_IDS, RandomIdGenerator)
 
 
-def step_attributes(record: Any) -> dict[str, Any]:
+def step_attributes(record: StepRecord) -> dict[str, Any]:
     """The step's own attributes (docs/telemetry.md), for its span and its trace event."""
     attrs: dict[str, Any] = {
         sc.ATTR_STEP: record.number,
@@ -84,14 +88,14 @@ class StepSpans:
     """The span consumer: a ``step`` span and one child per phase for each traced
     record (one with a ``trace_reason``), with explicit timestamps."""
 
-    def __init__(self, tracer: Any, attributes: dict[str, Any], offset: int) -> None:
+    def __init__(self, tracer: Tracer, attributes: dict[str, Any], offset: int) -> None:
         self._tracer = tracer
         self._attrs = dict(attributes)
         self._inherited = {k: self._attrs[k] for k in _INHERITED if k in self._attrs}
         self._offset = offset  # perf_counter ns -> epoch ns
         _private_ids(tracer)
 
-    def add(self, records: Sequence[Any]) -> dict[int, Context]:
+    def add(self, records: Sequence[StepRecord]) -> dict[int, Context]:
         """Emit the traced records' spans; per traced record (by ``id``), the context
         holding its root span (for exemplars)."""
         out: dict[int, Context] = {}
@@ -100,13 +104,13 @@ class StepSpans:
                 out[id(record)] = trace.set_span_in_context(self._emit(record))
         return out
 
-    def add_between(self, record: Any) -> None:
+    def add_between(self, record: BetweenRecord) -> None:
         """Named time between steps (``aggregate.between.BetweenRecord``), when traced:
         a root span of its own (under no step), its nested named phases under it."""
         if not record.traced:
             return
         tracer, offset = self._tracer, self._offset
-        spans: list = []
+        spans: list[Span] = []
         for p in record.phases:
             attrs = dict(self._attrs) if p.up < 0 else dict(self._inherited)
             attrs[sc.ATTR_MODE] = sc.MODE_BETWEEN
@@ -120,14 +124,14 @@ class StepSpans:
         for span, p in reversed(list(zip(spans, record.phases))):
             span.end(end_time=p.end + offset)
 
-    def _emit(self, record: Any) -> Any:
+    def _emit(self, record: StepRecord) -> Span:
         attrs = dict(self._attrs)
         attrs.update(step_attributes(record))
         tracer, offset, times, host = self._tracer, self._offset, record.times, record.host
         device, idle = record.device, record.idle_by_phase
         root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset, attributes=attrs)
         root_ctx = trace.set_span_in_context(root)
-        spans: list = []
+        spans: list[Span] = []
         contexts: dict[int, Context] = {}  # made only for phases that have children
         for i, p in enumerate(record.layout.phases):
             parent_ctx = root_ctx

@@ -15,12 +15,16 @@ import threading
 from collections.abc import Iterable, Sequence
 from itertools import groupby
 from operator import attrgetter, itemgetter, sub
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_training import semconv as sc
 from otel_training.record.flops import SOURCE_MEASURED
+
+if TYPE_CHECKING:
+    from otel_training.aggregate.memory import MemoryTrend
+    from otel_training.aggregate.record import StepRecord
 
 _MODE = attrgetter("mode")
 _TOKENS = attrgetter("tokens")
@@ -62,7 +66,7 @@ class ThroughputMetrics:
         self._mfu: float | None = None  # the last value: repeated while no step finishes
         self._seen = False  # a step with the FLOP count came (the first is left out of MFU)
 
-    def add(self, records: Sequence[Any]) -> None:
+    def add(self, records: Sequence[StepRecord]) -> None:
         for mode, group in groupby(records, _MODE):
             run = list(group)
             tokens = sum(filter(None, map(_TOKENS, run)))
@@ -111,7 +115,7 @@ class ThroughputMetrics:
         return [Observation(mfu, self._attrs[sc.MODE_TRAIN])] if mfu is not None else []
 
 
-def perf_metrics(meter: Any, common: dict, trend: Any, memory: bool) -> list:
+def perf_metrics(meter: Any, common: dict, trend: MemoryTrend, memory: bool) -> list:
     """The throughput consumer, and (``memory``) the memory instruments reading ``trend``."""
     from otel_training.export.memory import MemoryMetrics
 

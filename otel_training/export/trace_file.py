@@ -28,11 +28,15 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training import semconv as sc
 from otel_training.export.spans import step_attributes
 from otel_training.files import check_writable
+
+if TYPE_CHECKING:
+    from otel_training.aggregate.between import BetweenRecord
+    from otel_training.aggregate.record import StepRecord
 
 MAX_BYTES = 32 * 1024 * 1024
 DAY_NS = 86_400 * 10**9
@@ -75,7 +79,7 @@ class TraceFile:
         return self.template.replace("{rank}", str(rank or 0)).replace("{pid}", str(os.getpid()))
 
     # -- pipeline thread ------------------------------------------------------------
-    def add(self, records: Sequence[Any]) -> None:
+    def add(self, records: Sequence[StepRecord]) -> None:
         traced = [r for r in records if r.trace_reason is not None]
         if not traced:
             return
@@ -95,7 +99,7 @@ class TraceFile:
                     self._bytes -= len(self._steps.popleft())
                     self.dropped += 1
 
-    def add_between(self, record: Any) -> None:
+    def add_between(self, record: BetweenRecord) -> None:
         """Named time between steps (``aggregate.between.BetweenRecord``), when traced:
         one event per named phase, category ``between_steps``, under no step."""
         if not record.traced:
@@ -147,13 +151,13 @@ class TraceFile:
             self._tids[ident] = tid
         return tid
 
-    def _events(self, record: Any, tid: int) -> list[dict]:
+    def _events(self, record: StepRecord, tid: int) -> list[dict]:
         offset, times, host, pid = self.offset - (self.base or 0), record.times, record.host, self.pid
         args = step_attributes(record)
         if record.error is not None:
             args["error"] = f"{type(record.error).__name__}: {record.error}"
         start = times[0] + offset
-        events = [
+        events: list[dict[str, Any]] = [
             {
                 "name": sc.SPAN_STEP,
                 "cat": record.mode,
