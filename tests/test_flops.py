@@ -93,7 +93,7 @@ def test_mfu_from_a_given_peak(instrumented):
     assert f["mfu"] == pytest.approx(f["flop_s"] / 2e11)
     (point,) = tel.points("training.mfu", {"training.mode": "train"})  # one window: every counted step
     assert point.value == pytest.approx(f["mfu"], rel=1e-6)
-    from otel_training.cli.render import render_summary
+    from otel_training.diagnosis.summary_text import render_summary
 
     summary = tel.runtime.summary_dict()
     assert f"MFU {100 * f['mfu']:.1f}%" in render_summary(summary)

@@ -20,7 +20,7 @@ from tests.conftest import run_script_for_summary
 L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
 import torch  # noqa: E402
 
-from otel_training.cli.verdict import diagnose  # noqa: E402
+from otel_training.diagnosis.verdict import diagnose  # noqa: E402
 
 # well above a loaded CI machine's slowest train_batch, so the callback stays the largest phase
 SLOW_S = 0.15

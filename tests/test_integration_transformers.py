@@ -21,7 +21,7 @@ from transformers import (  # noqa: E402
     BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
 )
 
-from otel_training.cli.verdict import diagnose  # noqa: E402
+from otel_training.diagnosis.verdict import diagnose  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers.logging.set_verbosity_error()

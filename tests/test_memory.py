@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from otel_training.aggregate.memory import MIN_GROWTH, creep
-from otel_training.cli.render import render_summary
-from otel_training.cli.verdict import diagnose
+from otel_training.diagnosis.summary_text import render_summary
+from otel_training.diagnosis.verdict import diagnose
 
 CLASSES, BATCH, STEPS = 1000, 250, 240  # logits of a batch: 250 x 1000 x 4 B = 1 MB
 

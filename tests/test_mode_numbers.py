@@ -83,8 +83,8 @@ def test_eval_throughput_is_over_the_eval_steps_own_time(run, capsys):
     span from the first eval step to the last (which holds two training epochs)."""
     from otel_training.cli import main
     from otel_training.cli.html_report import build_html
-    from otel_training.cli.render import render_summary
     from otel_training.cli.report_sources import load_summaries
+    from otel_training.diagnosis.summary_text import render_summary
 
     summary, _, path = run
     ev = summary["modes"]["eval"]
@@ -128,7 +128,7 @@ def test_train_steps_are_numbered_as_the_global_step_and_eval_steps_apart(run):
 
 
 def test_the_largest_gap_is_placed_in_train_numbering(run):
-    from otel_training.cli.render import coverage_line
+    from otel_training.diagnosis.measures_text import coverage_line
 
     summary, _, _ = run
     cov = summary["coverage"]
@@ -138,7 +138,7 @@ def test_the_largest_gap_is_placed_in_train_numbering(run):
 
 
 def test_the_flop_count_step_is_named_and_left_out_of_step_times(run):
-    from otel_training.cli.render import render_summary
+    from otel_training.diagnosis.summary_text import render_summary
     from otel_training.record.flops import WARMUP
 
     summary, steps, _ = run

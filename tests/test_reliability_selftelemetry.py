@@ -33,7 +33,7 @@ from otel_training.export.guard import ExportGuard
 from otel_training.export.sdk_logs import EXPORT_LOGGERS
 from otel_training.instrumentor import TrainingInstrumentor
 from otel_training.export.selftelemetry import SelfTelemetry
-from otel_training.cli.render import render_summary as render
+from otel_training.diagnosis.summary_text import render_summary as render
 from tests.conftest import EndedSpans, manual_steps
 
 CONFIG = dataclasses.replace(load_config({}), trace_every_n=1, trace_max_per_second=1e6, hardware=False,

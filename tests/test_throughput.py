@@ -201,7 +201,7 @@ def test_tokens_of_a_dataloader_of_token_windows_and_none_for_images(instrumente
 
 
 def _render(summary):
-    from otel_training.cli.render import render_summary
+    from otel_training.diagnosis.summary_text import render_summary
 
     return render_summary(summary)
 

@@ -1,7 +1,7 @@
 """verdict.diagnose: each bottleneck class is recognised and ranked by the share it explains."""
 
-from otel_training.cli.render import render_findings, verdict_line
-from otel_training.cli.verdict import diagnose
+from otel_training.diagnosis.findings_text import render_findings, verdict_line
+from otel_training.diagnosis.verdict import diagnose
 
 
 def _summary(shares, children=None, mode="train", gpu=None, ranks=None, idle=None, **tel):

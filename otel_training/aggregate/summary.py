@@ -1,7 +1,7 @@
 """The run summary: per-mode step and phase totals, from finished-step records.
 
 A consumer of ``StepRecord`` batches (pipeline thread); ``to_dict`` is read from any
-thread. Rendering it as text lives in ``otel_training.cli.render``.
+thread. Rendering it as text lives in ``otel_training.diagnosis.summary_text``.
 """
 
 from __future__ import annotations

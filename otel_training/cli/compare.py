@@ -94,7 +94,7 @@ def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: fl
 
 def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> dict:
     """The comparison of two reports (``report.build_report`` output, findings in)."""
-    from otel_training.cli.verdict import pick_mode
+    from otel_training.diagnosis.verdict import pick_mode
 
     mode = mode or pick_mode(a)
     if not mode or mode not in a["modes"] or mode not in b["modes"]:
@@ -169,7 +169,7 @@ def _pct(x: float | None, sign: bool = True) -> str:
 
 def render(c: dict) -> str:
     """The comparison as text."""
-    from otel_training.cli.render import _table
+    from otel_training.diagnosis.formatting import table
 
     s, t = c["step"], c["throughput"]
     per = "sample" if s["per"] == "sample" else "step"
@@ -195,7 +195,7 @@ def render(c: dict) -> str:
             "",
         ],
     ]
-    lines += _table(["", "A", "B", "delta", ""], rows, {1, 2, 3})
+    lines += table(["", "A", "B", "delta", ""], rows, {1, 2, 3})
     lines.append("")
     prow = [
         [
@@ -209,7 +209,7 @@ def render(c: dict) -> str:
         ]
         for p in c["phases"]
     ]
-    lines += _table(["phase", "A ms/step", "B ms/step", "delta ms", "A share", "B share", ""], prow, {1, 2, 3, 4, 5})
+    lines += table(["phase", "A ms/step", "B ms/step", "delta ms", "A share", "B share", ""], prow, {1, 2, 3, 4, 5})
     lines.append("")
     for k in ("a", "b"):
         f = c["verdict"][k]

@@ -15,10 +15,10 @@ import os
 import time
 from importlib import resources
 
-from otel_training.cli.finding import Finding
 from otel_training.cli.report_charts import Colors, compare_charts, run_charts
 from otel_training.cli.report_series import mode_names, require
-from otel_training.cli.words import plural, timing_words
+from otel_training.diagnosis.finding import Finding
+from otel_training.diagnosis.words import plural, timing_words
 from otel_training.version import __version__
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -73,7 +73,7 @@ def _cards(report: dict) -> str:
         out.append(
             f'<p class="meta">GPU utilization: mean {100 * gpu["mean"]:.1f}%, lowest {100 * gpu["min"]:.1f}%</p>'
         )
-    from otel_training.cli.render import render_coverage
+    from otel_training.diagnosis.report_text import render_coverage
 
     # coverage, with the named time between steps (a checkpoint between epochs)
     out.extend(f'<p class="meta">{_e(line)}</p>' for line in render_coverage({"coverage": report.get("coverage")}))
@@ -95,7 +95,7 @@ def _findings(findings: list[Finding]) -> str:
 
 
 def _run_section(report: dict, charts: list[dict], title: str) -> str:
-    from otel_training.cli.render import render
+    from otel_training.diagnosis.report_text import render
 
     findings = report.get("findings") or []
     verdict = f"{findings[0].title}: {findings[0].detail}" if findings else "no data"

@@ -3,7 +3,7 @@
 Reads run-end summary files (``--summary FILE ...``, one per rank) or a Prometheus
 (``--prometheus URL --run RUN --since 1h``), prints per-phase shares of step time,
 GPU utilization, the spread across ranks and throughput, then ranked advice from
-:mod:`otel_training.cli.verdict`. ``--html FILE`` also writes it as one offline
+:mod:`otel_training.diagnosis.verdict`. ``--html FILE`` also writes it as one offline
 HTML page with charts (``--compare B``: run B beside it, as ``compare`` does).
 Exit status: 0, or 2 with one line on stderr.
 """
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(out, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
-        from otel_training.cli.render import render
+        from otel_training.diagnosis.report_text import render
 
         print(render(report, report["findings"], report["mode"]))
     return 0

@@ -9,7 +9,7 @@ import time
 
 from otel_training.cli.report_prometheus import Prometheus, PrometheusReport
 from otel_training.cli.report_sources import ReportError, load_summaries, parse_duration, parse_time
-from otel_training.cli.verdict import diagnose, pick_mode
+from otel_training.diagnosis.verdict import diagnose, pick_mode
 
 
 def build_report(args: argparse.Namespace) -> dict:

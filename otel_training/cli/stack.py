@@ -17,7 +17,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from otel_training.cli.words import plural
+from otel_training.diagnosis.words import plural
 
 PROG = "otel-training stack"
 PASSWORD_HINT = "GRAFANA_ADMIN_PASSWORD='choose-one' docker compose up -d"

@@ -139,7 +139,7 @@ class Runtime(ProcessEvents):
             self._closed = True
             return
         from otel_training.record.module_hooks import RootModuleHooks
-        from otel_training.record.torch_hooks import install_torch_hooks
+        from otel_training.record.torch_hooks import TorchHooks
 
         handles = self.handles
         tracker = self.tracker
@@ -150,7 +150,7 @@ class Runtime(ProcessEvents):
         # EMA copy): discovery watches its first step, so its first forward is seen.
         tracker.on_loop = self.module_hooks.arm
         handles.on_remove(self._unhook_tracker, "tracker callbacks")
-        install_torch_hooks(tracker, handles, self.on_error)
+        handles.add(TorchHooks(tracker, self.on_error).install())
         self.pipeline.start()
         try:
             self.guard = handles.add(ExportGuard(self.telemetry).attach(self.tracer_provider, self.meter_provider))

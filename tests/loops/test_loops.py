@@ -515,7 +515,7 @@ def test_ordinary_epochs_advice(loop):
     raise the batch size while GPU memory allows: the run section says what is in place
     and the advice (the run-end verdict, and the findings ``report`` builds from the
     summary) names the cpu."""
-    from otel_training.cli.verdict import diagnose
+    from otel_training.diagnosis.verdict import diagnose
 
     summary = _summary(loop)
     findings = diagnose(summary)

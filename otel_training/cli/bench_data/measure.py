@@ -290,7 +290,7 @@ def rate_from_summary(path: str) -> tuple:
         "wait_ms": 1e3 * wait / m["steps"],
         "num_workers": None,
     }
-    from otel_training.cli.advice import facts_of, train_loaders
+    from otel_training.diagnosis.advice import facts_of, train_loaders
 
     facts = facts_of({"run": s.get("run")})
     loaders = train_loaders(facts) if facts else []

@@ -17,10 +17,10 @@ bottleneck could save at most), so findings from different causes rank together.
 from __future__ import annotations
 
 from otel_training import semconv as sc
-from otel_training.cli.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
-from otel_training.cli.finding import Finding
-from otel_training.cli.finding import pct as _pct
-from otel_training.cli.verdict_ranks import straggler_findings as _straggler_findings
+from otel_training.diagnosis.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
+from otel_training.diagnosis.finding import Finding
+from otel_training.diagnosis.finding import pct as _pct
+from otel_training.diagnosis.verdict_ranks import straggler_findings as _straggler_findings
 
 # A top-level phase must hold at least this share of step time to be a finding.
 THRESHOLDS = {

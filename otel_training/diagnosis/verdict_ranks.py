@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from otel_training.cli.finding import Finding, pct
+from otel_training.diagnosis.finding import Finding, pct
 
 STRAGGLER_RATIO = 1.15  # a rank's mean step this much slower than the others' median
 

@@ -1,0 +1,185 @@
+"""``otel-training report``'s text: each mode's phase table, GPU utilization, ranks,
+memory, coverage, telemetry problems and the findings."""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+
+from otel_training import semconv as sc
+from otel_training.aggregate.coverage import gap_place
+from otel_training.diagnosis.finding import Finding
+from otel_training.diagnosis.findings_text import render_findings, self_check_lines
+from otel_training.diagnosis.formatting import bar, ms, share_pct, table
+from otel_training.diagnosis.measures_text import compute_text, memory_text, named_text
+from otel_training.diagnosis.words import plural, timing_words
+
+
+def _ordered_phases(phases: list[dict]) -> list[dict]:
+    """Top-level phases by share, each followed by its children (indented)."""
+    top = sorted((p for p in phases if p["parent"] == sc.SPAN_STEP), key=lambda p: -p["share"])
+    out, seen = [], set()
+
+    def add(p, depth):
+        if id(p) in seen or depth > 4:
+            return
+        seen.add(id(p))
+        out.append(dict(p, depth=depth))
+        for c in sorted((c for c in phases if c["parent"] == p["name"]), key=lambda c: -c["share"]):
+            add(c, depth + 1)
+
+    for p in top:
+        add(p, 0)
+    out.extend(dict(p, depth=1) for p in phases if id(p) not in seen)
+    return out
+
+
+def render_mode(mode: str, m: dict) -> list[str]:
+    rates = f"{m['throughput_sps']:,.1f} samples/s"
+    if m.get("tokens_per_s"):
+        rates += f", {m['tokens_per_s']:,.0f} tokens/s"
+    counts = f"{plural(m['steps'], 'step')}, {plural(m['samples'], 'sample')}"
+    head = f"{mode}: {counts}, {rates}, step mean {ms(m['step_mean_s'])} ms"
+    extra = [f"{k} {ms(m.get(f'step_{k}_s'))}" for k in ("p50", "p90", "max") if m.get(f"step_{k}_s")]
+    if extra:
+        head += f" ({', '.join(extra)} ms)"
+    rows = []
+    for p in _ordered_phases(m["phases"]):
+        rows.append(
+            [
+                "  " * p["depth"] + p["name"],
+                p["parent"],
+                f"{p['total_s']:.2f}",
+                ms(p["mean_s"]),
+                share_pct(p["share"]),
+                bar(p["share"]) if not p["depth"] else "",
+            ]
+        )
+    lines = [head] + table(["phase", "parent", "total s", "ms/step", "share", ""], rows, {2, 3, 4})
+    if m.get("flops"):
+        lines.append("  " + compute_text(m["flops"]))
+    idle = m.get("gpu_idle_s") or {}
+    if m.get("gpu_idle_share") is not None and m["step_time_s"]:
+        parts = ", ".join(
+            f"{k} {share_pct(v / m['step_time_s'])}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])[:4]
+        )
+        lines.append(f"  GPU idle: {share_pct(m['gpu_idle_share'])} of step time ({parts})")
+    return lines
+
+
+def render_gpus(report: dict) -> list[str]:
+    gpus = report.get("gpus") or []
+    if not gpus:
+        if report.get("source") == "summary":
+            return ["GPU utilization: not in summary files (use --prometheus for hw_gpu_utilization_ratio)"]
+        return [
+            "GPU utilization: no hw_gpu_utilization_ratio series for this run (no GPU, or the hardware sampler was off)"
+        ]
+    rows = [[g["host"], g["index"] or g["gpu"], g["model"], share_pct(g["mean"]), share_pct(g["min"])] for g in gpus]
+    u = report["gpu_utilization"]
+    return (
+        ["GPU utilization (hw_gpu_utilization_ratio):"]
+        + table(["host", "gpu", "model", "mean", "min"], rows, {3, 4})
+        + [f"  all {len(gpus)} GPUs: mean {share_pct(u['mean'])}, lowest {share_pct(u['min'])}"]
+    )
+
+
+def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
+    if len(rows) < 2:
+        return []
+    body = []
+    for r in rows:
+        body.append(
+            [
+                str(r.get("rank") if r.get("rank") is not None else "?"),
+                str(r.get("host") or ""),
+                f"{r['steps']:,}",
+                ms(r["step_mean_s"]),
+                f"{r['throughput_sps']:,.1f}",
+            ]
+            + [share_pct(r["phases"].get(p, 0.0)) for p in phases]
+        )
+    lines = [f"ranks ({mode}):"] + table(
+        ["rank", "host", "steps", "step ms", "samples/s"] + phases, body, set(range(2, 5 + len(phases)))
+    )
+    means = [r["step_mean_s"] for r in rows if r["step_mean_s"]]
+    if means:
+        slow = max(rows, key=lambda r: r["step_mean_s"])
+        med = median([r["step_mean_s"] for r in rows if r is not slow] or means)
+        lines.append(
+            f"  spread: slowest rank {slow.get('rank')} ({slow.get('host')}) "
+            f"{slow['step_mean_s'] / min(means):.2f}x the fastest, "
+            f"{slow['step_mean_s'] / med:.2f}x the others' median"
+        )
+    return lines
+
+
+def render_coverage(report: dict) -> list[str]:
+    """Per rank, the share of the training loop inside steps; the self-check's findings."""
+    lines = []
+    ranks = report.get("coverage") or []
+    for c in ranks:
+        who = f"rank {c['rank']} " if len(ranks) > 1 and c.get("rank") is not None else ""
+        line = (
+            f"coverage: {who}{share_pct(c.get('share'))} of the training loop's {c.get('loop_s', 0):.1f} s "
+            "is inside steps" + named_text(c)
+        )
+        if c.get("gaps"):
+            line += (
+                f"; {c['outside_s']:.2f} s outside in {plural(c['gaps'], 'gap')} (largest {c['largest_gap_s']:.2f} s "
+                f"{gap_place(c.get('largest_gap_after_step'))})"
+            )
+        lines.append(line)
+    for f in report.get("self_check") or ():
+        who = f" (rank {f['rank']})" if len(ranks) > 1 and f.get("rank") is not None else ""
+        lines.extend(self_check_lines(f, "", who))
+    return lines
+
+
+def render(report: dict, findings: list[Finding], mode: str | None) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S"
+    rng = report.get("range") or {}
+    when = ""
+    if rng.get("start") and rng.get("end"):
+        when = (
+            f", {time.strftime(fmt, time.localtime(rng['start']))} .. {time.strftime(fmt, time.localtime(rng['end']))}"
+        )
+    src = (
+        plural(len(report["files"]), "summary file")
+        if report["source"] == "summary"
+        else f"{report['prometheus']} {report['selector']}"
+    )
+    lines = [f"otel-training report: run {report.get('run')} ({src}{when})"]
+    timing = timing_words(report.get("timing"), (report.get("run_facts") or {}).get("device"))
+    if timing:
+        lines[0] += f", {timing}"
+    for name, m in report["modes"].items():
+        lines.append("")
+        lines.extend(render_mode(name, m))
+    lines.append("")
+    lines.extend(render_gpus(report))
+    if mode:
+        rows = (report.get("ranks") or {}).get(mode) or []
+        top = [
+            p["name"]
+            for p in sorted(report["modes"][mode]["phases"], key=lambda p: -p["share"])
+            if p["parent"] == sc.SPAN_STEP
+        ][:3]
+        rk = render_ranks(mode, rows, top)
+        if rk:
+            lines.append("")
+            lines.extend(rk)
+    for mem in report.get("memory") or []:
+        who = f"rank {mem['rank']} " if len(report["memory"]) > 1 and mem.get("rank") is not None else ""
+        lines.append(f"{who}{memory_text(mem)}")
+    cover = render_coverage(report)
+    if cover:
+        lines.append("")
+        lines.extend(cover)
+    tel = {k: v for k, v in (report.get("telemetry") or {}).items() if v}
+    if tel:
+        lines.append("")
+        lines.append("telemetry problems: " + ", ".join(f"{k}={v}" for k, v in tel.items()))
+    lines.append("")
+    lines.extend(render_findings(findings))
+    return "\n".join(lines)
