@@ -143,7 +143,7 @@ OTEL_TRAINING_PEAK_FLOPS = "OTEL_TRAINING_PEAK_FLOPS"
 
 Peak FLOP/s of the device one process trains on, e.g. ``989e12``: a number > 0, the
 denominator of ``training.mfu``. Unset (default): NVIDIA's dense peak for the GPU model
-and the dtype most FLOPs ran in (``otel_training/hardware/peaks.py``); a CPU run, or a
+and the dtype most FLOPs ran in (``otel_training/record/peak_flops.py``); a CPU run, or a
 GPU or dtype missing from the table, reports FLOP/s but no MFU.
 """
 

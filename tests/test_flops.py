@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from otel_training.config import ConfigError, load_config
-from otel_training.hardware.peaks import peak_flops
 from otel_training.record import flops as flops_mod
+from otel_training.record.peak_flops import peak_flops
 from tests.fake_pynvml import fake_nvml  # noqa: F401 (fixture)
 from tests.gpt_model import GPT, GPTConfig
 

@@ -9,7 +9,7 @@ step's timeline carries the ``FlopCount`` to the pipeline. That one step runs sl
 (every op goes through Python dispatch): its extra time is ``FlopCount.cost_s``.
 Then the probe takes itself out of the path: no cost on later steps.
 
-The counted ops' dtypes (and devices) give the peak (``hardware/peaks.py``) for MFU,
+The counted ops' dtypes (and devices) give the peak (``record/peak_flops.py``) for MFU,
 unless ``OTEL_TRAINING_PEAK_FLOPS`` gives it. ``OTEL_TRAINING_FLOPS_PER_STEP`` gives
 the count itself (nothing is measured; the table's bf16 peak, as nanoGPT's MFU does),
 ``0`` turns FLOPs off. Not counted, with one log line: compiled modules (dynamo and
@@ -34,6 +34,8 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from otel_training.record.peak_flops import peak_flops
 
 logger = logging.getLogger("otel_training")
 
@@ -82,11 +84,6 @@ class FlopProbe:
         self.done = False
         self._mode_class: Any = None
         self._guard: Any = None  # (inference_mode, its __enter__, ours) while counting
-        # The peak table's module (with the hardware package, ~40 ms cold) is imported
-        # now, at instrumentation: imported when the count ends, on the training thread,
-        # it would land in the next step's time (found by a timm-shaped loop).
-        import otel_training.hardware.peaks  # noqa: F401
-
         self._prepare()
 
     def _prepare(self) -> None:
@@ -276,8 +273,6 @@ def _device_name(device_type: str | None) -> str | None:
 
 
 def _table_peak(dtype: str | None, name: str | None = None) -> float | None:
-    from otel_training.hardware.peaks import peak_flops
-
     if name is None:
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_initialized():
