@@ -62,7 +62,7 @@ def deliberately_off(environ: Mapping[str, str] = os.environ) -> bool:
 def _speaks(environ: Mapping[str, str]) -> bool:
     """Whether this process is the one to tell: not a spawned child still held (its
     parent already said it), not a multiprocessing helper, not a rank other than 0."""
-    from otel_training import processes
+    from otel_training.runtime import processes
 
     if processes.multiprocessing_role() is not None:
         return False
