@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+
+class CudaBackend(Protocol):
+    """What the device timers need from torch.cuda: ``TorchCudaBackend``, or a
+    simulated device in tests. Events and streams are torch's (or the simulation's)."""
+
+    clock: Callable[[], int]  # host ns, the scale marks are taken on
+
+    def ready(self) -> bool: ...
+    def current_device(self) -> int: ...
+    def new_event(self) -> Any: ...
+    def new_stream(self, device: int) -> Any: ...
+    def capturing(self) -> bool: ...
+    def synchronize(self) -> None: ...
 
 
 class TorchCudaBackend:
@@ -36,7 +51,7 @@ class TorchCudaBackend:
         return self._cuda.Stream(device=device)
 
 
-def torch_backend() -> Any:
+def torch_backend() -> TorchCudaBackend | Literal[False] | None:
     """The torch.cuda backend; None while torch is not imported, False without CUDA."""
     torch = sys.modules.get("torch")
     if torch is None:

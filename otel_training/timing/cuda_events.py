@@ -25,13 +25,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_training.timing.cuda_backend import torch_backend
+from otel_training.timing.cuda_backend import CudaBackend, torch_backend
 from otel_training.timing.device import DeviceTimer, DeviceTimes
 
 logger = logging.getLogger("otel_training")
+
+
+def _not_capturing() -> bool:
+    return False
 
 
 class _Mark:
@@ -86,9 +90,14 @@ class CudaEventTimer(DeviceTimer):
     """
 
     def __init__(
-        self, capacity: int = 2048, anchor_interval_s: float = 1.0, drift_ppm: float = 20.0, backend: Any = None
+        self,
+        capacity: int = 2048,
+        anchor_interval_s: float = 1.0,
+        drift_ppm: float = 20.0,
+        backend: CudaBackend | None = None,
     ):
         self._backend = backend
+        self._capturing: Callable[[], bool] = _not_capturing  # the backend's, once active
         self._capacity = max(2, int(capacity))
         self._interval_ns = int(anchor_interval_s * 1e9)
         self._clock = backend.clock if backend is not None else time.perf_counter_ns
@@ -118,13 +127,13 @@ class CudaEventTimer(DeviceTimer):
     def _activate(self) -> bool:
         backend = self._backend
         if backend is None:
-            backend = torch_backend()
-            if backend is None:
+            found = torch_backend()
+            if found is None:
                 return False  # torch not imported yet
-            if backend is False:
+            if found is False:
                 self._disabled = True
                 return False  # auto on a machine without CUDA: host clocks, silently
-            self._backend = backend
+            backend = self._backend = found
             self._clock = backend.clock
         if not backend.ready():
             return False  # CUDA not initialized yet: the model is not on the GPU
@@ -141,6 +150,7 @@ class CudaEventTimer(DeviceTimer):
             logger.warning("otel-training: CUDA events unavailable (%r); using host clocks", exc)
             return False
         self._side = side
+        self._capturing = backend.capturing
         self._free.extend(events)
         self._active = True
         return True
@@ -157,7 +167,7 @@ class CudaEventTimer(DeviceTimer):
         except IndexError:  # the pipeline lags: no timing rather than a wait
             return None
         try:
-            if self._backend.capturing():  # an event in a CUDA graph capture never fires alone
+            if self._capturing():  # an event in a CUDA graph capture never fires alone
                 self._free.append(ev)
                 return None
             t0 = self._clock()
@@ -253,7 +263,9 @@ class CudaEventTimer(DeviceTimer):
         if self._ref is not None:
             self._estimator.rebase(self._elapsed_ns(self._ref, ev))
         self._estimator.add(t0, t0)  # in the new frame the anchor is at device time 0
-        self._spare, self._ref, self._ref_t0 = self._ref or self._backend.new_event(), ev, t0
+        backend = self._backend
+        assert backend is not None  # active
+        self._spare, self._ref, self._ref_t0 = self._ref or backend.new_event(), ev, t0
         return ev
 
     @staticmethod

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_training.timing.cuda_backend import torch_backend
+from otel_training.timing.cuda_backend import CudaBackend, torch_backend
 from otel_training.timing.device import DeviceTimer, DeviceTimes
 
 logger = logging.getLogger("otel_training")
@@ -31,21 +31,23 @@ class SyncTimer(DeviceTimer):
     def observes_device(self) -> bool:
         return True
 
-    def __init__(self, backend: Any = None, clock=time.perf_counter_ns):
+    def __init__(self, backend: CudaBackend | None = None, clock: Callable[[], int] = time.perf_counter_ns):
         self._backend = backend
         self._clock = clock
         self._active = False
         self._disabled = False
 
     def _activate(self) -> bool:
-        if self._backend is None:
-            self._backend = torch_backend()
-            if self._backend is None:
+        backend = self._backend
+        if backend is None:
+            found = torch_backend()
+            if found is None:
                 return False
-            if self._backend is False:
+            if found is False:
                 self._disable("CUDA is not available")
                 return False
-        if not self._backend.ready():
+            backend = self._backend = found
+        if not backend.ready():
             return False  # CUDA not initialized yet: nothing to synchronize
         self._active = True
         return True
@@ -59,6 +61,8 @@ class SyncTimer(DeviceTimer):
         if not self._active and (self._disabled or not self._activate()):
             return None
         backend = self._backend
+        if backend is None:  # (set whenever active)
+            return None
         try:
             if backend.capturing():  # synchronizing would break a CUDA graph capture
                 return None
