@@ -105,7 +105,7 @@ def _attributed(loop, step):
     device = loop.timer.resolve(step.marks, step.tokens)
     idle = {}
     for rec in step.phases:
-        if rec.up is None:
+        if rec.outer is None:
             idle[rec.name] = idle.get(rec.name, 0) + idle_between(step.marks, device, rec.start, rec.end)
     return device, idle
 
@@ -113,7 +113,7 @@ def _attributed(loop, step):
 def _truth(dev, step, name):
     total = 0
     for rec in step.phases:
-        if rec.name == name and rec.up is None:
+        if rec.name == name and rec.outer is None:
             total += dev.idle_ns(step.marks[rec.start], step.marks[rec.end])
     return total
 
@@ -212,7 +212,7 @@ def test_sync_mode_idle_uses_arrivals():
     for step in loop.steps[1:]:
         device = loop.timer.resolve(step.marks, step.tokens)
         assert list(device) == step.marks  # device = host
-        idle = {r.name: idle_between(step.marks, device, r.start, r.end) for r in step.phases if r.up is None}
+        idle = {r.name: idle_between(step.marks, device, r.start, r.end) for r in step.phases if r.outer is None}
         rec = step.phases[0]
         assert idle["dataloader_next"] == pytest.approx(step.marks[rec.end] - step.marks[rec.start], abs=2 * US)
         assert idle["train_batch"] == 0

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from otel_training.aggregate.idle import idle_between, synchronized_marks
-from otel_training.timing.cuda_events import CudaEventTimer, OffsetEstimator
 from otel_training.timing import make_timer
+from otel_training.timing.cuda_events import CudaEventTimer, OffsetEstimator
 from otel_training.timing.device import DeviceTimer
 from otel_training.timing.sync import SyncTimer
 from tests.fake_device import MS, US, OracleTimer, SimBackend, SimDevice, SimLoop
@@ -429,6 +429,7 @@ def test_a_timer_waiting_for_cuda_is_asked_once_a_step_not_at_every_boundary():
     one readiness check a step. Once the program initializes CUDA (here mid-step), the
     steps from the next one on carry device tokens aligned with their marks, and
     resolve to device times."""
+    from otel_training.record.step_assembly import StepAssembler
     from otel_training.record.tracker import Tracker
 
     dev = SimDevice()
@@ -439,7 +440,7 @@ def test_a_timer_waiting_for_cuda_is_asked_once_a_step_not_at_every_boundary():
     backend.ready = lambda: asked.append(1) or ready()
     timer = CudaEventTimer(capacity=64, backend=backend)
     steps: list = []
-    tracker = Tracker(steps.append, timer, clock=dev.clock)
+    tracker = Tracker(StepAssembler(steps.append, release=timer.release), timer, clock=dev.clock)
 
     def step(init_after: str = "") -> None:
         tracker.start_step()

@@ -1,8 +1,8 @@
 """Steps waiting for the pipeline hold little memory, and each is still resolved with
 its own phases.
 
-A step of a shape the pipeline has already been sent gives its phase records up
-before it is queued (``SentShapes``): queued for 500 ms, they were promoted by the
+A step of a layout the pipeline has already been sent gives its phase records up
+before it is queued (``SentLayouts``): queued for 500 ms, they were promoted by the
 garbage collector and brought full collections of the whole process
 (docs/performance.md, "A fifth session").
 """
@@ -21,6 +21,7 @@ from otel_training import semconv as sc
 from otel_training.aggregate import pipeline as pipeline_mod
 from otel_training.aggregate import record as record_mod
 from otel_training.aggregate.sampling import TailCapture
+from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.timeline import PhaseRecord
 from otel_training.record.tracker import Tracker
 from otel_training.timing.device import DeviceTimer
@@ -28,7 +29,7 @@ from otel_training.timing.device import DeviceTimer
 EPOCHS, TRAIN_BATCHES, TEST_BATCHES, LOG_EVERY = 2, 20, 4, 5
 
 
-def _mnist_shaped_loop() -> None:
+def _mnist_loop() -> None:
     """pytorch/examples' mnist loop, small: a train epoch logging every few batches
     (``loss.item()``), then a test epoch under ``no_grad``."""
     torch.manual_seed(0)
@@ -58,11 +59,11 @@ def _live_phase_records() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is PhaseRecord)
 
 
-def test_queued_steps_hold_phase_records_only_for_new_shapes(instrumented, monkeypatch):
+def test_queued_steps_hold_phase_records_only_for_new_layouts(instrumented, monkeypatch):
     monkeypatch.setattr(pipeline_mod, "_POLL_S", 3600.0)  # nothing drains before the flush
     before = _live_phase_records()
     tel = instrumented()
-    _mnist_shaped_loop()
+    _mnist_loop()
     steps = EPOCHS * (TRAIN_BATCHES + TEST_BATCHES)
     # Each step has 5-8 records; queued as they were, the steps would hold ~300.
     held = _live_phase_records() - before
@@ -79,7 +80,7 @@ def test_queued_steps_hold_phase_records_only_for_new_shapes(instrumented, monke
     assert counts[("log", sc.SPAN_STEP, sc.MODE_TRAIN)] == logs
     assert counts[(sc.PHASE_FORWARD, sc.PHASE_EVAL_BATCH, sc.MODE_EVAL)] == evals
 
-    # Every step got its own shape, not a neighbour's: the steps that logged are
+    # Every step got its own layout, not a neighbour's: the steps that logged are
     # exactly the train steps of every LOG_EVERY-th batch.
     traced = [t for t in tel.steps() if t.mode == sc.MODE_TRAIN]
     assert len(traced) == train
@@ -92,10 +93,10 @@ def test_a_queued_step_leaves_the_collector_one_object(instrumented, monkeypatch
     (its marks go as a tuple of ints, which the collector untracks; no empty lists)."""
     monkeypatch.setattr(pipeline_mod, "_POLL_S", 3600.0)  # nothing drains before the flush
     tel = instrumented()
-    _mnist_shaped_loop()  # the shapes, layouts and series of this loop are made
+    _mnist_loop()  # the layouts and series of this loop are made
     gc.collect()
     before = len(gc.get_objects())
-    _mnist_shaped_loop()
+    _mnist_loop()
     gc.collect()
     steps = EPOCHS * (TRAIN_BATCHES + TEST_BATCHES)
     per_step = (len(gc.get_objects()) - before) / steps
@@ -105,9 +106,9 @@ def test_a_queued_step_leaves_the_collector_one_object(instrumented, monkeypatch
 
 
 def _steps(n: int) -> list:
-    """``n`` steps of one shape, recorded by a tracker through the manual API."""
+    """``n`` steps of one layout, recorded by a tracker through the manual API."""
     steps: list = []
-    tracker = Tracker(steps.append, DeviceTimer())
+    tracker = Tracker(StepAssembler(steps.append), DeviceTimer())
     for _ in range(n):
         tracker.start_step()
         tracker.begin_phase("load")
@@ -118,10 +119,10 @@ def _steps(n: int) -> list:
     return steps
 
 
-def test_a_shape_whose_layout_could_not_be_made_is_never_resolved_empty(monkeypatch):
-    """Our bug making a layout loses that shape's steps, counted by the pipeline:
+def test_a_layout_that_could_not_be_made_is_never_resolved_empty(monkeypatch):
+    """Our bug making a layout loses that layout's steps, counted by the pipeline:
     never steps resolved as if they had no phases."""
-    shed = record_mod.SentShapes().shed
+    shed = record_mod.SentLayouts().shed
     resolver = record_mod.Resolver(DeviceTimer(), TailCapture(0.0, 0, 1.0))
     made = record_mod.Layout
 
@@ -141,8 +142,8 @@ def test_a_shape_whose_layout_could_not_be_made_is_never_resolved_empty(monkeypa
             resolver.resolve(step)
 
 
-def test_steps_of_a_known_shape_resolve_as_with_their_phases():
-    shed = record_mod.SentShapes().shed
+def test_steps_of_a_known_layout_resolve_as_with_their_phases():
+    shed = record_mod.SentLayouts().shed
     with_phases = record_mod.Resolver(DeviceTimer(), TailCapture(0.0, 0, 1.0))
     shed_resolver = record_mod.Resolver(DeviceTimer(), TailCapture(0.0, 0, 1.0))
     steps = _steps(4)

@@ -16,7 +16,6 @@ from opentelemetry.trace import StatusCode
 from torch.utils.data import DataLoader, Dataset
 
 import otel_training
-from otel_training.record.tracker import Tracker
 from tests.conftest import make_dataset, make_model
 
 # The hook entry points -- (module, function) of ours that torch, the user or the SDK
@@ -24,12 +23,13 @@ from tests.conftest import make_dataset, make_model
 # for calls from that entry point only; tests/test_reliability_faults.py checks the
 # table covers every pair a real loop exercises.
 ENTRY_POINTS = [
-    ("otel_training.record.torch_hooks", "iter_wrapper", "loader_iter_begin"),
-    ("otel_training.record.torch_hooks", "iter_wrapper", "on_training_thread"),
-    ("otel_training.record.torch_hooks", "iter_wrapper", "now"),
-    ("otel_training.record.torch_hooks", "next_wrapper", "loader_next_begin"),
-    ("otel_training.record.torch_hooks", "next_wrapper", "loader_next_end"),
-    ("otel_training.record.torch_hooks", "next_wrapper", "loader_stopped"),
+    ("otel_training.record.torch_hooks", "_loader_iter", "loader_iter_begin"),
+    ("otel_training.record.torch_hooks", "_loader_iter", "on_training_thread"),
+    ("otel_training.record.torch_hooks", "_loader_iter", "now"),
+    ("otel_training.record.torch_hooks", "_loader_iter", "loader_opened"),
+    ("otel_training.record.torch_hooks", "loader_next", "loader_next_begin"),
+    ("otel_training.record.torch_hooks", "loader_next", "loader_next_end"),
+    ("otel_training.record.torch_hooks", "loader_next", "loader_stopped"),
     ("otel_training.record.foreign_loaders", "_iter", "on_training_thread"),  # a Grain pipeline
     ("otel_training.record.foreign_loaders", "_iter", "loader_iter_begin"),
     ("otel_training.record.foreign_loaders", "_iter", "now"),
@@ -37,8 +37,9 @@ ENTRY_POINTS = [
     ("otel_training.record.foreign_loaders", "next", "loader_next_begin"),
     ("otel_training.record.foreign_loaders", "next", "loader_next_end"),
     ("otel_training.record.foreign_loaders", "next", "loader_stopped"),
-    ("otel_training.record.torch_hooks", "opt_pre", "optimizer_pre"),
-    ("otel_training.record.torch_hooks", "opt_post", "optimizer_post"),
+    ("otel_training.record.torch_hooks", "_optimizer_pre", "optimizer_pre"),
+    ("otel_training.record.torch_hooks", "_optimizer_post", "optimizer_post"),
+    ("otel_training.record.torch_hooks", "_optimizer_init", "optimizer_created"),
     ("otel_training.record.torch_hooks", "<lambda>", "begin_phase"),  # LR schedulers, .item()
     ("otel_training.record.torch_hooks", "<lambda>", "backward_begin"),
     ("otel_training.record.torch_hooks", "wrapper", "end_phase"),
@@ -76,10 +77,10 @@ def _plant(tracker, fires) -> None:
 
 @pytest.fixture(autouse=True)
 def _state_machine_every_call(monkeypatch):
-    """Faults are planted on the tracker's methods, which a steady loop's repeats do
-    not call (record/steady.py): steady state is off here (tests/test_steady.py has
-    its own fault cases)."""
-    monkeypatch.setattr("otel_training.record.steady.LEARN_AFTER", 0)
+    """Faults are planted on the tracker's methods, which the repeat mode's repeated
+    pieces do not call (record/repeats.py): the mode is off here (tests/test_repeats.py
+    has its own fault cases)."""
+    monkeypatch.setattr("otel_training.record.repeats.LEARN_AFTER", 0)
     monkeypatch.setattr("otel_training.record.tracker.LEARN_AFTER", 0)
 
 

@@ -18,6 +18,7 @@ from otel_training.aggregate.summary import RunSummary
 from otel_training.export.metrics import StepMetrics
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
+from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.timing.device import DeviceTimer
 from tests.conftest import EndedSpans
@@ -53,17 +54,17 @@ def _pipeline(trace_all: bool):
 
 
 def _run(tracker: Tracker, seed: int) -> None:
-    """Steps of several shapes, as hooks would report them: plain steps, gradient
+    """Steps of several layouts, as hooks would report them: plain steps, gradient
     accumulation (two forwards and backwards), eval steps, user phases (one named
-    "step"), a phase left open, and many one-off shapes."""
+    "step"), a phase left open, and many one-off layouts."""
     rng = random.Random(seed)
     for i in range(400):
         tracker.start_step()
         kinds = ["plain", "accum", "eval", "user", "open", "plain", "plain", "odd"]
-        kind = kinds[i] if i < len(kinds) else rng.choice(kinds)  # each shape known early
+        kind = kinds[i] if i < len(kinds) else rng.choice(kinds)  # each layout known early
         tracker.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         tracker.end_phase(sc.PHASE_DATALOADER_NEXT)
-        if kind == "odd":  # a different number of reads every step: new shapes
+        if kind == "odd":  # a different number of reads every step: new layouts
             for _ in range(i % 90):
                 tracker.begin_phase(sc.PHASE_FROM_DEVICE, auto=True)
                 tracker.end_phase(sc.PHASE_FROM_DEVICE)
@@ -104,7 +105,7 @@ def test_steps_by_layout_run_add_up_as_steps_one_by_one(monkeypatch):
     results = []
     for trace_all in (False, True):
         pipeline, reader, telemetry, made = _pipeline(trace_all)
-        tracker = Tracker(pipeline.submit, DeviceTimer(), clock=_Clock(seed=3))
+        tracker = Tracker(StepAssembler(pipeline.submit), DeviceTimer(), clock=_Clock(seed=3))
         _run(tracker, seed=11)
         assert pipeline.flush(5.0)  # no thread started: drains here
         summary = pipeline.summary.to_dict()
@@ -129,7 +130,7 @@ def test_the_summary_keeps_a_bounded_sample_of_durations(monkeypatch):
     monkeypatch.setattr(summary_mod, "_MAX_DURATIONS", 100)
     pipeline, _, _, _ = _pipeline(False)
     clock = iter(range(1_000, 10**9, 1_000))
-    tracker = Tracker(pipeline.submit, DeviceTimer(), clock=lambda: next(clock))
+    tracker = Tracker(StepAssembler(pipeline.submit), DeviceTimer(), clock=lambda: next(clock))
     for _ in range(650):
         tracker.start_step()
         tracker.end_record(tracker.optimizer_begin())

@@ -50,8 +50,8 @@ def resolve_between(group: BetweenSteps, capture: Any = None) -> BetweenRecord |
     for rec in group.phases:
         if rec.end < 0 or rec.end >= len(times):
             continue
-        up = index.get(id(rec.up), -1) if rec.up is not None else -1
-        phases.append(NamedPhase(rec.name, rec.parent, up, times[rec.start], times[rec.end]))
+        up = index.get(id(rec.outer), -1) if rec.outer is not None else -1
+        phases.append(NamedPhase(rec.name, rec.parent_name, up, times[rec.start], times[rec.end]))
     if not phases or group.phases[0].end < 0:
         return None
     end = phases[0].end

@@ -19,7 +19,7 @@ from typing import Any
 
 from otel_training.aggregate.between import resolve_between
 from otel_training.aggregate.coverage import Coverage
-from otel_training.aggregate.record import Resolver, SentShapes, StepRecord
+from otel_training.aggregate.record import Resolver, SentLayouts, StepRecord
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary
 from otel_training.aggregate.timeseries import TimeSeries
@@ -78,7 +78,7 @@ class Pipeline:
         self._busy = False
         self._thread: threading.Thread | None = None
         self.poll_s = drain_interval(export_interval_s)
-        self._shed = SentShapes().shed  # (training thread)
+        self._shed = SentLayouts().shed  # (training thread)
 
     # -- training thread ------------------------------------------------------------
     def submit(self, step: StepTimeline) -> None:

@@ -36,7 +36,7 @@ IDLE_NS = attrgetter("idle_ns")
 TOKENS = attrgetter("tokens")
 _TIMES = attrgetter("times")
 _FIRST, _LAST = itemgetter(0), itemgetter(-1)
-_SHAPE = attrgetter("name", "parent", "start", "end")
+_LAYOUT_KEY = attrgetter("name", "parent_name", "start", "end")
 _new_tuple = tuple.__new__
 _MAX_LAYOUTS = 256  # per mode; beyond, layouts are made per step and not remembered
 PhaseKey = tuple[str, str]  # (name, parent)
@@ -65,7 +65,7 @@ def _getter(indices: Sequence[int]) -> Callable[[Sequence[int]], tuple]:
 
 
 class Layout:
-    """The phases of one step shape, and how to get their durations from marks."""
+    """The phases of one step layout, and how to get their durations from marks."""
 
     __slots__ = ("mode", "phases", "keys", "top", "_starts", "_ends", "_top", "_fold")
 
@@ -77,8 +77,8 @@ class Layout:
         phases = []
         for rec in closed:
             name = batch if rec.name == "batch" else rec.name
-            parent = batch if rec.parent == "batch" else rec.parent
-            up = position.get(id(rec.up), -1) if rec.up is not None else -1
+            parent = batch if rec.parent_name == "batch" else rec.parent_name
+            up = position.get(id(rec.outer), -1) if rec.outer is not None else -1
             phases.append(LayoutPhase(name, (name, parent), rec.start, rec.end, up))
         self.phases: tuple[LayoutPhase, ...] = tuple(phases)
         # Keys in first-seen order; a key seen several times (accumulation: a forward
@@ -98,7 +98,7 @@ class Layout:
                 bounds.append((first, first + len(positions)))
                 first += len(positions)
             self._fold = bounds
-        self.top: tuple[int, ...] = tuple(i for i, rec in enumerate(closed) if rec.up is None)
+        self.top: tuple[int, ...] = tuple(i for i, rec in enumerate(closed) if rec.outer is None)
         at = {i: j for j, i in enumerate(flat)}
         self._top = _getter([at[i] for i in self.top])
 
@@ -150,17 +150,17 @@ def bounds(records: Sequence[StepRecord]) -> tuple[list[int], list[int]]:
     return list(map(_FIRST, times)), list(map(_LAST, times))
 
 
-class SentShapes:
-    """Numbers for the step shapes handed to the pipeline (training thread, at ``submit``).
+class SentLayouts:
+    """Numbers for the step layouts handed to the pipeline (training thread, at ``submit``).
 
-    A step's shape is its phases' names, parents and marks. Each new shape gets a
+    A step's layout is its phases' names, parents and marks. Each new layout gets a
     number, and its first step keeps its phase records so the resolver can make the
-    layout; a later step of the same shape carries only the number and gives its
+    layout; a later step of the same layout carries only the number and gives its
     records up before it is queued. Why: a queued step's objects live until the
     pipeline drains (500 ms), long enough for the collector to promote them, and six
     phase records a step, promoted, brought a full collection of the whole process
     every ~20 000 steps (docs/performance.md). Freed here, at once, they never are.
-    The same steps reach the resolver in the same order, so a numbered shape's layout
+    The same steps reach the resolver in the same order, so a numbered layout's
     is made before any step that carries only its number.
     """
 
@@ -183,17 +183,17 @@ class SentShapes:
         if not step.tokens:
             step.tokens = ()  # type: ignore[assignment]
         step.optimizers = None
-        if step.shape_id is not None:  # a steady piece (record/steady.py): its number, no records
+        if step.layout_id is not None:  # a repeated piece (record/repeats.py): its number, no records
             step.phases = ()  # type: ignore[assignment]
             return
         ids = self._ids[step.saw_backward or step.saw_optimizer]
-        shape = tuple(map(_SHAPE, phases))
-        number = ids.get(shape)
+        key = tuple(map(_LAYOUT_KEY, phases))
+        number = ids.get(key)
         if number is not None:
-            step.shape_id = number
+            step.layout_id = number
             step.phases = ()  # type: ignore[assignment]
         elif len(ids) < _MAX_LAYOUTS:
-            step.shape_id = ids[shape] = len(ids)
+            step.layout_id = ids[key] = len(ids)
 
 
 class Resolver:
@@ -205,23 +205,23 @@ class Resolver:
         self._layouts: dict[str, dict[Any, Layout | None]] = {}
         self.flops: Any = None  # the FlopCount, from the step that carried it on
 
-    def layout(self, mode: str, phases: Sequence[PhaseRecord], shape_id: int | None = None) -> Layout:
-        """The layout of a step of these phases; ``shape_id``: its shape's number from
-        ``SentShapes`` (a step of a number seen before comes without phases)."""
+    def layout(self, mode: str, phases: Sequence[PhaseRecord], layout_id: int | None = None) -> Layout:
+        """The layout of a step of these phases; ``layout_id``: its layout's number from
+        ``SentLayouts`` (a step of a number seen before comes without phases)."""
         layouts = self._layouts.get(mode)
         if layouts is None:
             layouts = self._layouts[mode] = {}
-        key: Any = shape_id if shape_id is not None else tuple(map(_SHAPE, phases))
+        key: Any = layout_id if layout_id is not None else tuple(map(_LAYOUT_KEY, phases))
         layout = layouts.get(key)
         if layout is not None:
             return layout
         if key in layouts:
-            raise LookupError("the layout of this step's shape could not be made")
-        # Numbered shapes are always kept (SentShapes numbers _MAX_LAYOUTS at most):
+            raise LookupError("the layout of this step's layout could not be made")
+        # Numbered layouts are always kept (SentLayouts numbers _MAX_LAYOUTS at most):
         # their later steps come without phases.
-        cache = shape_id is not None or len(layouts) < _MAX_LAYOUTS
+        cache = layout_id is not None or len(layouts) < _MAX_LAYOUTS
         if cache:
-            layouts[key] = None  # if making it fails (our bug), the shape's later steps fail too
+            layouts[key] = None  # if making it fails (our bug), the layout's later steps fail too
         layout = Layout(mode, phases)
         if cache:
             layouts[key] = layout
@@ -233,8 +233,8 @@ class Resolver:
             return None
         train = step.saw_backward or step.saw_optimizer
         mode = sc.MODE_TRAIN if train else sc.MODE_EVAL
-        # First: a step that brought a new shape must leave its layout whatever fails after.
-        layout = self.layout(mode, step.phases, step.shape_id)
+        # First: a step that brought a new layout must leave its layout whatever fails after.
+        layout = self.layout(mode, step.phases, step.layout_id)
         timer = self._timer
         device = timer.resolve(host, step.tokens) if timer.observes_device else None
         host_marks = tuple(host)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.record.tracker import DRIVER_DATALOADER, DRIVER_NONE
+from otel_training.record.events import DRIVER_DATALOADER, DRIVER_NONE, TrainingEvents
 
 CALLBACK_PREFIX = "callback."
 
@@ -27,7 +27,7 @@ class Bridge:
         self._provider = provider
         self.driver = driver
 
-    def tracker(self) -> Any:
+    def tracker(self) -> TrainingEvents | None:
         try:
             obj = self._provider()
         except Exception:
@@ -94,8 +94,8 @@ class Bridge:
         """End the open step, or drop it if nothing ran in it (no forward and no phase
         but waiting; with ``require_forward``, no forward at all)."""
         t = self.tracker()
-        step = getattr(t, "step", None)
-        if step is None or t.driver != self.driver:
+        step = t.step if t is not None else None
+        if t is None or step is None or t.driver != self.driver:
             return
         try:
             if not step.saw_forward and (

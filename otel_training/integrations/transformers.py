@@ -73,7 +73,8 @@ class Integration:
     def _get_batch_samples(self, wrapped, instance, args, kwargs):
         self.bridge.start_step()
         result = wrapped(*args, **kwargs)
-        if not self._ours() or self.bridge.tracker().step is None:
+        t = self.bridge.tracker()
+        if t is None or t.driver != self.bridge.driver or t.step is None:
             # A DataLoader.__iter__ inside (accelerate starts the epoch's iterator lazily)
             # ended the step: continue with a fresh one rather than implicit steps.
             self.bridge.start_step()

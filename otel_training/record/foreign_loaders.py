@@ -24,6 +24,7 @@ import wrapt
 
 from otel_training import semconv as sc
 from otel_training.handles import Handles
+from otel_training.record.events import TrainingEvents
 from otel_training.record.import_hooks import ModuleHooks
 
 # module -> (class, method) pairs whose call makes the iterator a user's loop reads
@@ -37,8 +38,8 @@ _HOOKS = ModuleHooks(KNOWN, "dataloader")
 class ForeignLoaders:
     """Times the iterators of non-torch loaders on the training thread."""
 
-    def __init__(self, tracker: Any, on_error: Callable[[str, BaseException], None]) -> None:
-        self._tracker = tracker
+    def __init__(self, events: TrainingEvents, on_error: Callable[[str, BaseException], None]) -> None:
+        self._events = events
         self._on_error = on_error
         self._patches = Handles()
         self._patched: set[str] = set()
@@ -63,30 +64,30 @@ class ForeignLoaders:
 
     # -- the user's iterator --------------------------------------------------------------
     def _iter(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        tracker = self._tracker
+        events = self._events
         started = None
         try:
-            if tracker.on_training_thread():
-                started = tracker.loader_iter_begin("grain")
+            if events.on_training_thread():
+                started = events.loader_iter_begin("grain")
         except Exception as exc:  # our bug: never the user's problem
             self._on_error("dataloader", exc)
         it = wrapped(*args, **kwargs)
         if started is None or isinstance(it, TimedIterator):
             return it
         try:
-            return TimedIterator(it, self, started + (tracker.now(),))
+            return TimedIterator(it, self, started + (events.now(),))
         except Exception as exc:
             self._on_error("dataloader", exc)
             return it
 
     def next(self, proxy: TimedIterator) -> Any:
         """``next(proxy)``: the wrapped iterator's next batch, timed as a DataLoader's."""
-        tracker = self._tracker
+        events = self._events
         recording = False
         try:
-            if tracker.on_training_thread():
+            if events.on_training_thread():
                 started, proxy._self_started = proxy._self_started, None
-                recording = tracker.loader_next_begin(proxy, started)
+                recording = events.loader_next_begin(proxy, started)
         except Exception as exc:
             self._on_error("dataloader", exc)
         if not recording:
@@ -95,19 +96,19 @@ class ForeignLoaders:
             batch = next(proxy.__wrapped__)
         except StopIteration:
             try:
-                tracker.loader_stopped(False)
+                events.loader_stopped(False)
             except Exception as exc:
                 self._on_error("dataloader", exc)
             raise
         except BaseException as exc:
             try:
-                tracker.record_error(exc)
-                tracker.end_phase(sc.PHASE_DATALOADER_NEXT)
+                events.record_error(exc)
+                events.end_phase(sc.PHASE_DATALOADER_NEXT)
             except Exception as exc2:
                 self._on_error("dataloader", exc2)
             raise
         try:
-            tracker.loader_next_end(batch)
+            events.loader_next_end(batch)
         except Exception as exc:
             self._on_error("dataloader", exc)
         return batch

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_training.handles import Handles
+from otel_training.record.events import TrainingEvents
 from otel_training.record.import_hooks import ModuleHooks
 
 # Wrappers known to iterate a DataLoader one batch ahead: watched from their first loop.
@@ -36,8 +37,8 @@ _HOOKS = ModuleHooks(KNOWN, "dataloader")
 class LoopWrappers:
     """Watches the loops of generator wrappers around DataLoaders (training thread)."""
 
-    def __init__(self, tracker: Any, on_error: Callable[[str, BaseException], None]) -> None:
-        self._tracker = tracker
+    def __init__(self, events: TrainingEvents, on_error: Callable[[str, BaseException], None]) -> None:
+        self._events = events
         self._on_error = on_error
         self._patches = Handles()
         self._classes: set[type] = set()
@@ -92,8 +93,8 @@ class LoopWrappers:
         finally:
             self.frames.discard(key)
         try:  # the loop ran to its end (not a break, nor an error)
-            tracker = self._tracker
-            if tracker.on_training_thread():
-                tracker.loop_ended()
+            events = self._events
+            if events.on_training_thread():
+                events.loop_ended()
         except Exception as exc:  # our bug: never the user's problem
             self._on_error("dataloader", exc)

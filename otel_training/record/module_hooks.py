@@ -35,7 +35,7 @@ import torch
 from torch.nn.modules import module as _module
 
 from otel_training.handles import Handles
-from otel_training.record.tracker import DRIVER_NONE
+from otel_training.record.events import DRIVER_NONE, TrainingEvents
 from otel_training.semconv import PHASE_FORWARD as _FORWARD
 
 # torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
@@ -103,9 +103,9 @@ def _restore(state: dict, call, prev) -> None:
 
 
 class RootModuleHooks:
-    def __init__(self, tracker: Any, on_error) -> None:
-        self._tracker = tracker
-        self._facts = tracker.facts  # the run's device, autocast, compiled (record/run_facts.py)
+    def __init__(self, events: TrainingEvents, on_error) -> None:
+        self._events = events
+        self._facts = events.facts  # the run's device, autocast, compiled (record/run_facts.py)
         self._on_error = on_error
         self._roots: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
         self._compiled: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -162,8 +162,8 @@ class RootModuleHooks:
         if _is_compiling() or self.depth:
             return None
         try:
-            tracker = self._tracker
-            if module in self._roots or not tracker.on_training_thread(True) or tracker.in_backward():
+            events = self._events
+            if module in self._roots or not events.on_training_thread(True) or events.in_backward():
                 return None  # (a module a backward pass recomputes is no root: checkpointing)
             if _computes_nothing(_first_input(args, {})):
                 return None  # a shape pass (Keras building a model): no root, no step
@@ -186,10 +186,10 @@ class RootModuleHooks:
         """A root call begins; True if it is the training thread's (``_end`` follows).
         ``loss``: the root has no parameters (a loss module); ``args``, ``kwargs``: its
         inputs (samples and tokens are read from them when no DataLoader drives)."""
-        tracker = self._tracker
+        events = self._events
         ours = False
         try:
-            if tracker.thread != _get_ident() and not tracker.on_training_thread(True):
+            if events.thread != _get_ident() and not events.on_training_thread(True):
                 return False  # another thread's forward: not ours, nor our depth
             self.depth += 1
             ours = True
@@ -205,16 +205,16 @@ class RootModuleHooks:
                 facts.forwards += 1
                 if facts.forwards == facts.autocast_at:  # until an autocast region is seen
                     facts.check_autocast()
-                tracker.forward_begin(module, loss)
-                if not loss and tracker.driver == DRIVER_NONE:
-                    tracker.forward_inputs(module, args, kwargs)
+                events.forward_begin(module, loss)
+                if not loss and events.driver == DRIVER_NONE:
+                    events.forward_inputs(module, args, kwargs)
         except Exception as exc:
             self._on_error("forward", exc)
         return ours
 
     def _end(self, error) -> None:
         """The root call ``_begin`` counted ended (``error``: what it raised)."""
-        tracker = self._tracker
+        events = self._events
         try:
             if self.depth > 0:
                 self.depth -= 1
@@ -223,8 +223,8 @@ class RootModuleHooks:
                     self._meta = False
                     return
                 if error is not None:
-                    tracker.record_error(error)
-                tracker.end_phase(_FORWARD)
+                    events.record_error(error)
+                events.end_phase(_FORWARD)
         except Exception as exc:
             self._on_error("forward", exc)
 
@@ -289,7 +289,7 @@ class RootModuleHooks:
             lifted = False
             try:
                 if not _is_compiling():
-                    if not hooks.depth and instance not in hooks._roots and hooks._tracker.on_training_thread(True):
+                    if not hooks.depth and instance not in hooks._roots and hooks._events.on_training_thread(True):
                         hooks._add_root(instance)
                     lifted = hooks._suspend()
             except Exception as exc:

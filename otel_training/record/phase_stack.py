@@ -1,8 +1,9 @@
-"""The open step's marks and phase stack: how the tracker writes a timeline.
+"""The open step's marks and phase stack: how a timeline is written.
 
 ``PhaseStack`` owns the step being recorded (``step``), the stack of open phases and
-the open train/eval container; ``Tracker`` (tracker.py) adds the step lifecycle and
-the hook entry points on top. Training thread only.
+the open train/eval container. The ``Tracker`` (tracker.py) holds one and decides,
+from the hooks' events, when steps begin and end and which phases open; this module
+only writes marks and phase records. Training thread only.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ CHILDREN = frozenset(sc.BATCH_CHILDREN)  # phases that open inside the container
 class PhaseStack:
     """Marks and phase records of the step being recorded."""
 
-    def __init__(self, timer: Any, clock=time.perf_counter_ns) -> None:
-        self._timer = timer
+    def __init__(self, timer: Any, sink: Callable[[StepTimeline], None], clock=time.perf_counter_ns) -> None:
+        self.timer = timer
+        self.sink = sink  # finished pieces go here (the StepAssembler's ``add``)
+        self.after_step: Callable[[], None] | None = None  # called after each piece is handed on
+        self.memory: Any = None  # a MemoryReader (record/memory.py): read at step ends, when due
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
         # One that is inert for now (``auto`` before the program initializes CUDA, as
@@ -32,16 +36,79 @@ class PhaseStack:
         # every boundary: ``waiting_timer``.
         host_only = type(timer).mark is DeviceTimer.mark
         self.waiting_timer: Any = None if host_only or timer.observes_device else timer
-        self._timer_mark = None if host_only or self.waiting_timer is not None else timer.mark
-        if self._timer_mark is None:
-            self._mark = self._mark_host  # type: ignore[method-assign]
-        self._clock = clock
+        self.timer_mark = None if host_only or self.waiting_timer is not None else timer.mark
+        if self.timer_mark is None:
+            self.mark = self._mark_host  # type: ignore[method-assign]
+        self.clock = clock
         self.step: StepTimeline | None = None
-        self._stack: list[PhaseRecord] = []
-        self._batch: PhaseRecord | None = None  # open container, if any
-        self._batch_end = -1  # mark of the container's last child end
-        self._to_device_from = -1  # mark where a pending to_device window began
-        self._closures = 0  # optimizer-step closures running now
+        self.stack: list[PhaseRecord] = []
+        self.batch: PhaseRecord | None = None  # open container, if any
+        self.batch_end = -1  # mark of the container's last child end
+        self.to_device_from = -1  # mark where a pending to_device window began
+        self.closures = 0  # optimizer-step closures running now
+
+    # -- the open piece -----------------------------------------------------------------
+    def new_step(self, source: Any = None, epoch: int | None = None) -> StepTimeline:
+        """Begin recording a piece (its first mark is the caller's)."""
+        step = StepTimeline(-1, epoch, source)
+        self.step = step
+        if self.waiting_timer is not None:
+            self.start_device_timing()
+        self.reset_piece()
+        return step
+
+    def reset_piece(self) -> None:
+        """The phase state a new piece begins with."""
+        if self.stack:  # (a step that closed left it empty: no new list each step)
+            self.stack = []
+        self.batch = None
+        self.batch_end = -1
+        self.to_device_from = -1
+
+    def close_step(self, token: Any, now: int) -> None:
+        """End the open piece at ``(token, now)``, close what it left open (an
+        exception, a break; the container after an update) and hand it on."""
+        step = self.step
+        self.push(step, token, now)
+        marks = step.marks
+        stack = self.stack
+        batch = self.batch
+        if stack:
+            end = len(marks) - 1
+            for rec in stack:
+                if rec.end < 0:
+                    rec.end = self.batch_end if rec is batch and self.batch_end >= 0 else end
+            self.stack = []
+        if batch is not None and batch.end < 0:
+            batch.end = self.batch_end if self.batch_end >= 0 else len(marks) - 1
+        self.step = None
+        self.batch = None
+        memory = self.memory
+        if memory is not None and now >= memory.due:  # at most every few ms: see record/memory.py
+            step.memory = memory.read(now)
+        self.sink(step)
+        after = self.after_step
+        if after is not None:
+            after()
+
+    def hand_on(self, step: StepTimeline, now: int) -> None:
+        """Hand on ``step``, already complete, ended at ``now`` (a repeated piece)."""
+        memory = self.memory
+        if memory is not None and now >= memory.due:
+            step.memory = memory.read(now)
+        self.sink(step)
+        after = self.after_step
+        if after is not None:
+            after()
+
+    def discard(self) -> None:
+        """Drop the open piece (its device tokens go back to the timer)."""
+        step = self.step
+        self.step = None
+        self.stack = []
+        self.batch = None
+        if step is not None and hasattr(self.timer, "release"):
+            self.timer.release(step.tokens)
 
     def record_error(self, exc: BaseException) -> None:
         """The open step raised ``exc`` (the first error wins; the end of an iterator
@@ -62,23 +129,23 @@ class PhaseStack:
             started, self.waiting_timer = False, None
         if started:
             self.waiting_timer = None
-            self._timer_mark = timer.mark
-            self.__dict__.pop("_mark", None)  # back to the class's token-keeping _mark
+            self.timer_mark = timer.mark
+            self.__dict__.pop("mark", None)  # back to the class's token-keeping mark()
 
     def _mark_host(self) -> int:
         """``_mark`` for a timer that keeps no tokens."""
         marks = self.step.marks
-        marks.append(self._clock())
+        marks.append(self.clock())
         return len(marks) - 1
 
-    def _mark(self) -> int:
+    def mark(self) -> int:
         """Record a boundary in the current step: its index in ``marks``."""
         step = self.step
-        timer_mark = self._timer_mark
+        timer_mark = self.timer_mark
         if timer_mark is not None:
             step.tokens.append(timer_mark())
         marks = step.marks
-        marks.append(self._clock())
+        marks.append(self.clock())
         return len(marks) - 1
 
     def open_phase_start(self) -> int | None:
@@ -90,54 +157,54 @@ class PhaseStack:
             step = self.step
             if step is None:
                 return None
-            container = self._batch
-            for rec in reversed(list(self._stack)):
+            container = self.batch
+            for rec in reversed(list(self.stack)):
                 if rec is not container and rec.end < 0:
                     return step.marks[rec.start]
         except (AttributeError, IndexError, TypeError):
             pass
         return None
 
-    def _stamp(self) -> tuple:
+    def stamp(self) -> tuple:
         """(device token, host ns) of a boundary outside any step's marks yet."""
-        timer_mark = self._timer_mark
-        return (timer_mark() if timer_mark is not None else None), self._clock()
+        timer_mark = self.timer_mark
+        return (timer_mark() if timer_mark is not None else None), self.clock()
 
-    def _push(self, step: StepTimeline, token: Any, now: int) -> None:
-        if self._timer_mark is not None:
+    def push(self, step: StepTimeline, token: Any, now: int) -> None:
+        if self.timer_mark is not None:
             step.tokens.append(token)
         step.marks.append(now)
 
-    def _open(self, name: str, auto: bool, at: int | None = None) -> PhaseRecord:
+    def open(self, name: str, auto: bool, at: int | None = None) -> PhaseRecord:
         step = self.step
-        if at is None:  # _mark(), inlined: this runs at most boundaries
-            if self._timer_mark is not None:
-                step.tokens.append(self._timer_mark())
+        if at is None:  # mark(), inlined: this runs at most boundaries
+            if self.timer_mark is not None:
+                step.tokens.append(self.timer_mark())
             marks = step.marks
-            marks.append(self._clock())
+            marks.append(self.clock())
             at = len(marks) - 1
-        stack = self._stack
+        stack = self.stack
         if stack:
-            up = stack[-1]
-            rec = PhaseRecord(name, up.name, at, auto, up)
+            outer = stack[-1]
+            rec = PhaseRecord(name, outer.name, at, auto, outer)
         else:
             rec = PhaseRecord(name, _STEP, at, auto, None)
         step.phases.append(rec)
         stack.append(rec)
         return rec
 
-    def _close_batch(self) -> None:
-        batch = self._batch
-        if batch is not None and self._stack and self._stack[-1] is batch:
-            self._stack.pop()
-            batch.end = self._batch_end
-            self._batch = None
+    def close_batch(self) -> None:
+        batch = self.batch
+        if batch is not None and self.stack and self.stack[-1] is batch:
+            self.stack.pop()
+            batch.end = self.batch_end
+            self.batch = None
 
     def _close_down_to(self, i: int) -> int:
-        """End the open phases from the innermost down to ``self._stack[i]`` at one
+        """End the open phases from the innermost down to ``self.stack[i]`` at one
         new mark (phases left open inside the one being closed); returns it."""
-        stack = self._stack
-        end = self._mark()
+        stack = self.stack
+        end = self.mark()
         while len(stack) > i:
             stack.pop().end = end
         return end
@@ -148,36 +215,36 @@ class PhaseStack:
         step = self.step
         if step is None:
             return False
-        stack = self._stack
+        stack = self.stack
         top = stack[-1] if stack else None
-        batch = self._batch
+        batch = self.batch
         if auto and top is not None and top.auto and top is not batch:
             return False
-        self._to_device_from = -1
+        self.to_device_from = -1
         if name in CHILDREN:
             if top is None or top is batch:
                 if batch is None:
-                    rec = self._batch = self._open(BATCH, True)
-                    self._open(name, auto, rec.start)
+                    rec = self.batch = self.open(BATCH, True)
+                    self.open(name, auto, rec.start)
                     return True
-        elif top is not None and top is batch and not self._closures:
+        elif top is not None and top is batch and not self.closures:
             # (inside an optimizer.step(closure), the container holds the whole step)
-            self._close_batch()
-        self._open(name, auto)
+            self.close_batch()
+        self.open(name, auto)
         return True
 
     def end_phase(self, name: str) -> None:
         """Close the innermost open phase called ``name`` (and any left open inside it)."""
-        stack = self._stack
+        stack = self.stack
         if self.step is None or not stack:
             return
         if stack[-1].name == name:  # the usual case: the innermost phase
-            if self._timer_mark is None:  # _mark_host(), inlined: every phase ends here
+            if self.timer_mark is None:  # _mark_host(), inlined: every phase ends here
                 marks = self.step.marks
-                marks.append(self._clock())
+                marks.append(self.clock())
                 end = stack.pop().end = len(marks) - 1
             else:
-                end = stack.pop().end = self._mark()
+                end = stack.pop().end = self.mark()
         else:
             for i in range(len(stack) - 2, -1, -1):
                 if stack[i].name == name:
@@ -185,21 +252,21 @@ class PhaseStack:
             else:
                 return
             end = self._close_down_to(i)
-        if name in CHILDREN and self._batch is not None:
-            self._batch_end = end
+        if name in CHILDREN and self.batch is not None:
+            self.batch_end = end
 
     def end_record(self, rec: PhaseRecord | None) -> None:
         """Close exactly ``rec`` (and anything still open inside it)."""
         if rec is None or rec.end >= 0 or self.step is None:
             return
-        stack = self._stack
+        stack = self.stack
         if stack and stack[-1] is rec:  # the usual case: the innermost
-            if self._timer_mark is None:  # _mark_host(), inlined
+            if self.timer_mark is None:  # _mark_host(), inlined
                 marks = self.step.marks
-                marks.append(self._clock())
+                marks.append(self.clock())
                 end = rec.end = len(marks) - 1
             else:
-                end = rec.end = self._mark()
+                end = rec.end = self.mark()
             stack.pop()
         else:
             for i in range(len(stack) - 2, -1, -1):
@@ -208,8 +275,8 @@ class PhaseStack:
             else:
                 return
             end = self._close_down_to(i)
-        if rec.name in CHILDREN and self._batch is not None:
-            self._batch_end = end
+        if rec.name in CHILDREN and self.batch is not None:
+            self.batch_end = end
 
 
 _is_grad_enabled: Callable[[], bool] | None = None

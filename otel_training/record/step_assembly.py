@@ -95,11 +95,11 @@ class StepAssembler:
             # The usual loop: a piece with its update, nothing held (no merging).
             # (Optimizer ids are kept only where several optimizers exist.)
             ids = piece.optimizers
-            if ids is None or len(ids) >= len(self.alive) or piece.hard or self.boundary != BOUNDARY_AUTO:
+            if ids is None or len(ids) >= len(self.alive) or piece.manual or self.boundary != BOUNDARY_AUTO:
                 self.update_seen = True
                 self._emit(piece)
                 return
-        if piece.hard:  # the user's step(): a step as it is
+        if piece.manual:  # the user's step(): a step as it is
             self._resolve()
             self._emit(self._with_prefix(piece))
             return

@@ -16,18 +16,18 @@ from otel_training import semconv as sc
 class PhaseRecord:
     """One phase occurrence: indices into its step's marks."""
 
-    __slots__ = ("name", "parent", "start", "end", "auto", "up")
+    __slots__ = ("name", "parent_name", "start", "end", "auto", "outer")
 
-    def __init__(self, name: str, parent: str, start: int, auto: bool, up: PhaseRecord | None = None):
+    def __init__(self, name: str, parent_name: str, start: int, auto: bool, outer: PhaseRecord | None = None):
         self.name = name
-        self.parent = parent  # "step" for top-level phases
-        self.up = up  # the enclosing record, None for top-level
+        self.parent_name = parent_name  # the enclosing phase's name; "step" for top-level phases
+        self.outer = outer  # the enclosing record, None for top-level
         self.start = start
         self.end = -1  # -1 while open
         self.auto = auto  # recorded by a hook (not by the user's phase())
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"PhaseRecord({self.name!r}, parent={self.parent!r}, {self.start}->{self.end})"
+        return f"PhaseRecord({self.name!r}, parent={self.parent_name!r}, {self.start}->{self.end})"
 
 
 class StepTimeline:
@@ -54,12 +54,12 @@ class StepTimeline:
         "skipped",
         "optimizers",
         "microbatches",
-        "hard",
+        "manual",
         "token_count",
         "token_masks",
         "flops",
         "memory",
-        "shape_id",
+        "layout_id",
     )
 
     def __init__(self, index: int, epoch: int | None, source: Any = None):
@@ -82,14 +82,14 @@ class StepTimeline:
         self.skipped = 0  # GradScaler steps that skipped their optimizer (inf/NaN)
         self.optimizers: list[int] | None = None  # id()s of the optimizers stepped
         self.microbatches: int | None = None  # set by an integration that knows them
-        self.hard = False  # bounded by the user's step() (never merged with others)
+        self.manual = False  # bounded by the user's step() (never merged with others)
         self.token_count: int | None = None  # token ids in the step's batches (record/batches.py)
         self.token_masks: list | None = None  # attention masks (or their device sums), summed later
         self.flops: Any = None  # a FlopCount, on the step that ends the count (record/flops.py)
         self.memory: Any = None  # a MemoryReading taken at the step's end (record/memory.py)
-        # The number the pipeline's ``submit`` gave its shape (its phases' names, parents
-        # and marks); a step of a shape seen before travels without its phase records.
-        self.shape_id: int | None = None
+        # The number the pipeline's ``submit`` gave its layout (its phases' names, parents
+        # and marks); a step of a layout seen before travels without its phase records.
+        self.layout_id: int | None = None
 
     @property
     def mode(self) -> str:
@@ -132,5 +132,5 @@ class BetweenSteps:
 
     def __init__(self) -> None:
         self.times: list[int] = []  # host ns (perf_counter_ns) the phases start and end at
-        self.phases: list[PhaseRecord] = []  # the outermost first; ``up`` links nesting
+        self.phases: list[PhaseRecord] = []  # the outermost first; ``outer`` links nesting
         self.error: BaseException | None = None  # raised inside it (the first)

@@ -1,8 +1,8 @@
-"""Steady loops (record/steady.py): a repeated piece recorded by its clock readings
+"""Repeated pieces (record/repeats.py): a repeated piece recorded by its clock readings
 gives the pipeline exactly what the state machine gives it.
 
 Each loop runs twice in one process on the same synthetic clock (every read advances
-it by a random amount, the same sequence both times): once with steady state off, once
+it by a random amount, the same sequence both times): once with the repeat mode off, once
 with it learning after two pieces. Every finished step record must be the same --
 phases, marks, times, samples, tokens, micro-batches, errors -- whether a piece was
 recorded call by call, from the template, or replayed when it stopped repeating.
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from otel_training.record import steady
+from otel_training.record import repeats
 from tests.conftest import Instrumented
 
 
@@ -46,18 +46,18 @@ class _Records:
 
 
 def _record(loop, learn_after: int, monkeypatch) -> tuple[list, int]:
-    monkeypatch.setattr(steady, "LEARN_AFTER", learn_after)
+    monkeypatch.setattr(repeats, "LEARN_AFTER", learn_after)
     monkeypatch.setattr("otel_training.record.tracker.LEARN_AFTER", learn_after)
     torch.manual_seed(0)
     records = _Records()
     with Instrumented(memory=False) as tel:
-        tel.tracker._clock = _Clock()  # the same readings in both runs
+        tel.tracker.use_clock(_Clock())  # the same readings in both runs
         pipeline = tel.runtime.pipeline
         pipeline.consumers = (*pipeline.consumers, records)
         loop()
         tel.tracker.finish_step()
         tel.flush()
-        pieces = tel.tracker.steady.pieces
+        pieces = tel.tracker.repeats.pieces
     return records.rows, pieces
 
 
@@ -173,13 +173,13 @@ def two_loader_loop() -> None:
 
 @pytest.mark.parametrize("loop", [mnist_loop, accumulation_loop, interrupted_loop, two_loader_loop],
                          ids=lambda f: f.__name__)
-def test_steady_pieces_give_the_same_records(loop, monkeypatch):
+def test_repeated_pieces_give_the_same_records(loop, monkeypatch):
     _same_with_and_without(loop, monkeypatch)
 
 
-def test_a_repeating_loop_is_recorded_steady(monkeypatch):
+def test_a_repeating_loop_is_recorded_from_its_template(monkeypatch):
     # Most of mnist's training pieces repeat the last one; the logging batch, the
-    # test loop and the new epoch each leave steady state and it is learned again.
+    # test loop and the new epoch each leave the repeat mode and it is learned again.
     assert _same_with_and_without(mnist_loop, monkeypatch) > 40
     assert _same_with_and_without(interrupted_loop, monkeypatch) > 20
 
@@ -197,10 +197,10 @@ def _mnist_losses() -> list:
     return losses
 
 
-def test_a_fault_in_a_steady_piece_is_contained(monkeypatch):
-    # Our bug at a steady boundary (the assembler's check raises once) never reaches
+def test_a_fault_in_a_repeated_piece_is_contained(monkeypatch):
+    # Our bug at a repeated piece's boundary (the assembler's check raises once) never reaches
     # the loop: the same losses, and the steps after it are recorded.
-    monkeypatch.setattr(steady, "LEARN_AFTER", 2)
+    monkeypatch.setattr(repeats, "LEARN_AFTER", 2)
     monkeypatch.setattr("otel_training.record.tracker.LEARN_AFTER", 2)
     torch.manual_seed(0)
     reference = _mnist_losses()
@@ -214,15 +214,15 @@ def test_a_fault_in_a_steady_piece_is_contained(monkeypatch):
         def planted():
             calls.append(1)
             if len(calls) == 10:
-                raise RuntimeError("planted in the steady boundary")
+                raise RuntimeError("planted in the repeated boundary")
             return idle()
 
         assembler.idle = planted
         torch.manual_seed(0)
         losses = _mnist_losses()
         tel.flush()
-        pieces = tel.tracker.steady.pieces
-    assert len(calls) > 10  # the fault fired, in steady state
+        pieces = tel.tracker.repeats.pieces
+    assert len(calls) > 10  # the fault fired, while repeating
     assert losses == reference
     assert pieces > 20
     assert len(records.rows) >= 38  # 40 batches: the one the fault hit may be lost
