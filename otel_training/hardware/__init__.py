@@ -10,7 +10,6 @@ memory and utilization. See docs/hardware.md.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from otel_training.hardware.agent_lock import HostLock
 from otel_training.hardware.gauges import register_gauges
@@ -29,7 +28,7 @@ class HardwareMetrics:
     """Handle on a running sampler (or a no-op one when hardware metrics are off)."""
 
     def __init__(self, sampler: Sampler | None = None) -> None:
-        self._sampler: Any = sampler
+        self._sampler = sampler
         self._stopped = sampler is None
 
     def _attach(self, sampler: Sampler) -> None:
@@ -53,7 +52,7 @@ class HardwareMetrics:
     def stop_sampling(self, timeout: float = 1.0) -> None:
         """Take a last sample and stop the thread (waits at most ``timeout`` s); the gauges
         still report, so that the next export carries the samples since the last one."""
-        if self._stopped:
+        if self._stopped or self._sampler is None:
             return
         try:
             self._sampler.shutdown(timeout, final_tick=True)
@@ -62,7 +61,7 @@ class HardwareMetrics:
 
     def shutdown(self, timeout: float = 1.0) -> None:
         """Stop sampling (waits at most ``timeout`` s); the gauges then report nothing."""
-        if self._stopped:
+        if self._stopped or self._sampler is None:
             return
         self._stopped = True
         try:

@@ -120,7 +120,8 @@ class HostSource:
         self._psutil: dict[str, Callable] = {"cpu": _cpu, "memory": _memory, "network": _network, "disk": _Disks()}
         # source name -> reader, built at the first sample; a source is removed for
         # good when unavailable
-        self._readers: Any = None  # dict[str, Callable] once sampled
+        self._readers: dict[str, Callable[[], Any]] = {}  # filled at the first sample
+        self._opened = False
         self._fast: set[str] = set()  # the sources read from /proc
         self._proc: ProcHost | None = None
         self._gauges = {
@@ -154,8 +155,9 @@ class HostSource:
 
     def sample(self, now: float) -> None:
         readers = self._readers
-        if readers is None:
+        if not self._opened:
             readers = self._readers = self._open()
+            self._opened = True
         for source, read in tuple(readers.items()):
             try:
                 value = read()

@@ -10,9 +10,11 @@ turns into a fake zero.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TypeVar
 
-Attributes = tuple[tuple[str, object], ...]  # sorted, hashable
+from opentelemetry.util.types import AttributeValue
+
+Attributes = tuple[tuple[str, AttributeValue], ...]  # sorted, hashable
 
 
 class Mean:
@@ -65,6 +67,9 @@ class Ratio:
         return value
 
 
+_Stat = TypeVar("_Stat", Mean, Ratio)
+
+
 def attributes(**kwargs) -> Attributes:
     return tuple(sorted(kwargs.items()))
 
@@ -74,12 +79,12 @@ class Store:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._series: dict[str, dict[Attributes, Any]] = {}  # name -> attributes -> a stat
+        self._series: dict[str, dict[Attributes, Mean | Ratio]] = {}  # name -> attributes -> a stat
 
-    def _stat(self, name: str, attrs: Attributes, kind: type):
+    def _stat(self, name: str, attrs: Attributes, kind: type[_Stat]) -> _Stat:
         by_attrs = self._series.setdefault(name, {})
         stat = by_attrs.get(attrs)
-        if stat is None:
+        if not isinstance(stat, kind):  # new (a series keeps its kind)
             stat = by_attrs[attrs] = kind()
         return stat
 
@@ -104,7 +109,7 @@ class Store:
             for attrs in [a for a in by_attrs if wanted <= set(a)]:
                 del by_attrs[attrs]
 
-    def collect(self, name: str) -> list[tuple[Any, float]]:
+    def collect(self, name: str) -> list[tuple[dict[str, AttributeValue], float]]:
         """(attributes, interval value) for every series of ``name`` that has a value."""
         out = []
         with self._lock:
