@@ -7,9 +7,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from otel_training.semconv import MODE_TRAIN
+
+if TYPE_CHECKING:
+    from otel_training.aggregate.between import BetweenRecord
 
 _GAP_NS = 1_000_000  # gaps shorter than this are counted in the time, not as gaps
 # Self-check thresholds (docs/steps.md).
@@ -98,7 +101,7 @@ class Coverage:
         if ns > self.largest_gap:
             self.largest_gap, self.largest_gap_after = ns, after
 
-    def add_between(self, record: Any) -> None:
+    def add_between(self, record: BetweenRecord) -> None:
         """Named time between steps (an ``aggregate.between.BetweenRecord``), after
         the steps that began before it: accounted for, and listed by name."""
         with self._lock:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 MAX_POINTS = 4096  # beyond, every second point is dropped
 MIN_POINTS = 12
@@ -31,8 +31,12 @@ MIN_GROWTH = 16 * 2**20  # bytes over the fitted steps
 MB = 1e6
 _MEMORY = attrgetter("memory")
 
+if TYPE_CHECKING:
+    from otel_training.aggregate.record import StepRecord
+    from otel_training.record.memory import MemoryReading
 
-def _number(record: Any) -> int:
+
+def _number(record: StepRecord) -> int:
     """Where a reading lies, in train steps (an eval step: the train steps before it);
     before any train step (an eval-only run), the eval step's own number."""
     return record.train_before or record.number
@@ -50,7 +54,7 @@ class MemoryTrend:
         self.kind: str | None = None
         self.device: str | None = None
         self.first: int | None = None
-        self.last: Any = None  # the newest MemoryReading
+        self.last: MemoryReading | None = None  # the newest reading
         self.peak_allocated = 0
         self.peak_reserved = 0
         self._window_allocated = 0
@@ -58,7 +62,7 @@ class MemoryTrend:
         self._last_allocated = 0
         self._last_reserved = 0
 
-    def add(self, records: Sequence[Any]) -> None:
+    def add(self, records: Sequence[StepRecord]) -> None:
         read = list(compress(records, map(_MEMORY, records)))  # (C-level: most steps have none)
         if not read:
             return
@@ -81,12 +85,12 @@ class MemoryTrend:
                     self._window_reserved = max(self._window_reserved, m.peak_reserved)
                 self.last = m
 
-    def _restart(self, m: Any) -> None:
+    def _restart(self, m: MemoryReading) -> None:
         self.kind, self.device, self.first = m.kind, m.device, m.current
         self._steps, self._bytes, self._stride, self._seen = [], [], 1, 0
         self.peak_allocated = self.peak_reserved = 0
 
-    def newest(self) -> Any:
+    def newest(self) -> MemoryReading | None:
         """The newest MemoryReading, or None."""
         return self.last
 

@@ -15,15 +15,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-from otel_training.aggregate.between import resolve_between
+from otel_training.aggregate.between import BetweenRecord, resolve_between
 from otel_training.aggregate.coverage import Coverage
 from otel_training.aggregate.record import Resolver, SentLayouts, StepRecord
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary
 from otel_training.aggregate.timeseries import TimeSeries
 from otel_training.record.timeline import BetweenSteps, StepTimeline
+from otel_training.timing.device import DeviceTimer
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
 
 _MAX_PENDING = 4096
 # Steps are processed in batches, every _POLL_S: a batch runs with warmer caches and
@@ -40,22 +44,51 @@ _SLICE_NS = 200_000  # the longest we resolve steps before handing the GIL back
 _MAX_BATCH = 1024  # records delivered at once at most (a backlog is delivered in parts)
 
 
+class Consumer(Protocol):
+    """Takes batches of finished steps (in step order, on the pipeline thread)."""
+
+    def add(self, records: Sequence[StepRecord]) -> None: ...
+
+
+class SpanConsumer(Protocol):
+    """Emits the traced steps' spans; per traced record (``id``), the context that
+    holds its step span (the metrics' exemplars)."""
+
+    def add(self, records: Sequence[StepRecord]) -> dict[int, Context]: ...
+    def add_between(self, record: BetweenRecord) -> None: ...
+
+
+class MetricsConsumer(Protocol):
+    """Records the steps' metrics; ``flush`` after each drain adds the counters."""
+
+    def add(self, records: Sequence[StepRecord], contexts: dict[int, Context]) -> None: ...
+    def add_between(self, record: BetweenRecord) -> None: ...
+    def flush(self) -> None: ...
+
+
+class Health(Protocol):
+    """Where the pipeline counts what it dropped and the errors it contained."""
+
+    def drop_steps(self, count: int) -> None: ...
+    def internal_error(self, component: str, exc: BaseException | None = None) -> None: ...
+
+
 class Pipeline:
     """Owns the step queue and the thread that drains it."""
 
     def __init__(
         self,
         *,
-        spans: Any,
-        metrics: Any,
+        spans: SpanConsumer,
+        metrics: MetricsConsumer,
         capture: TailCapture,
         summary: RunSummary,
-        timer: Any,
-        telemetry: Any,
+        timer: DeviceTimer,
+        telemetry: Health,
         offset: int,
-        trace_file: Any = None,
+        trace_file: Consumer | None = None,
         timeseries: bool = True,
-        consumers: Sequence[Any] = (),
+        consumers: Sequence[Consumer] = (),
         export_interval_s: float | None = None,
     ) -> None:
         self.summary = summary
@@ -206,7 +239,7 @@ class Pipeline:
                 consumer.add(batch)
             except Exception as exc:
                 telemetry.internal_error("pipeline", exc)
-        contexts: dict = {}
+        contexts: dict[int, Context] = {}
         try:
             contexts = self._spans.add(batch)
         except Exception as exc:
