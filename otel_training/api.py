@@ -97,7 +97,8 @@ def instrument(*, configure_sdk: bool | None = None, **kwargs) -> None:
     from opentelemetry import trace
 
     from otel_training.instrumentor import TrainingInstrumentor
-    from otel_training.preflight import deliberately_off, not_instrumenting, torch_problem
+    from otel_training.preflight import deliberately_off, torch_problem
+    from otel_training.runtime.notice import not_instrumenting
 
     problem = None if deliberately_off() else torch_problem()
     if problem is not None:

@@ -16,7 +16,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from otel_training.config import ConfigError, load_config
 from otel_training.package import _instruments
-from otel_training.preflight import INTEGRATIONS_FIX, described, not_instrumenting
+from otel_training.runtime.notice import INTEGRATIONS_FIX, described, not_instrumenting
 
 if TYPE_CHECKING:
     from otel_training.runtime.active import Runtime

@@ -1,4 +1,5 @@
-"""Never a silent no-op: the one line that says why this process is not instrumented.
+"""Before ``opentelemetry-instrument`` loads us: the one line that says why this process
+will not be instrumented (runtime/notice.py), instead of the loader's silence.
 
 ``opentelemetry-instrument`` skips an instrumentor whose ``instruments`` requirement is
 not met (torch missing or older than our floor) or whose import fails, and says so in
@@ -20,35 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Mapping
 
 from otel_training.package import TORCH_FLOOR, _instruments
 
 ENTRY_POINT = "training"  # our name in the opentelemetry_instrumentor group
 SUPPORTED = f"torch >= {TORCH_FLOOR}"
-INTEGRATIONS_FIX = "steps are still timed by the torch hooks; OTEL_TRAINING_INTEGRATIONS chooses which to load"
 _LOAD_LOGGER = "opentelemetry.instrumentation.auto_instrumentation._load"
-
-_said = False
-
-
-def not_instrumenting(cause: str, fix: str) -> None:
-    """Print the one line (once per process)."""
-    global _said
-    if _said:
-        return
-    _said = True
-    try:
-        print(f"otel-training: not instrumenting: {cause}; {fix}", file=sys.stderr, flush=True)
-    except Exception:  # a closed stderr: nothing left to tell
-        pass
-
-
-def described(exc: BaseException) -> str:
-    """``Type: first line of the message``, for the one line."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def deliberately_off(environ: Mapping[str, str] = os.environ) -> bool:
@@ -131,6 +110,8 @@ def check(environ: Mapping[str, str] = os.environ) -> None:
     try:
         if deliberately_off(environ) or not _speaks(environ):
             return
+        from otel_training.runtime.notice import described, not_instrumenting
+
         problem = torch_problem()
         if problem is None:
             try:

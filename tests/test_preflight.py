@@ -129,9 +129,10 @@ def test_a_failing_set_up_leaves_the_loop_uninstrumented_with_one_line(monkeypat
     import torch
     from torch.utils.data import DataLoader
 
-    from otel_training import preflight, runtime
+    from otel_training import runtime
     from otel_training.config import load_config
     from otel_training.instrumentor import TrainingInstrumentor
+    from otel_training.runtime import notice
 
     def broken(self):
         self.handles.wrap(DataLoader, "__iter__", lambda wrapped, inst, a, k: wrapped(*a, **k))
@@ -139,7 +140,7 @@ def test_a_failing_set_up_leaves_the_loop_uninstrumented_with_one_line(monkeypat
 
     before = DataLoader.__iter__
     monkeypatch.setattr(runtime.Runtime, "install", broken)
-    monkeypatch.setattr(preflight, "_said", False)
+    monkeypatch.setattr(notice, "_said", False)
     config = load_config({"OTEL_TRAINING_SUMMARY": "false", "OTEL_TRAINING_HARDWARE": "false"})
     TrainingInstrumentor()._instrument(config=config)
     try:
@@ -154,9 +155,9 @@ def test_a_failing_set_up_leaves_the_loop_uninstrumented_with_one_line(monkeypat
 
 
 def test_the_line_is_said_once_per_process(monkeypatch, capsys):
-    from otel_training import preflight
+    from otel_training.runtime import notice
 
-    monkeypatch.setattr(preflight, "_said", False)
-    preflight.not_instrumenting("first cause", "first fix")
-    preflight.not_instrumenting("second cause", "second fix")
+    monkeypatch.setattr(notice, "_said", False)
+    notice.not_instrumenting("first cause", "first fix")
+    notice.not_instrumenting("second cause", "second fix")
     assert capsys.readouterr().err == "otel-training: not instrumenting: first cause; first fix\n"

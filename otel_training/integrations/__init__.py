@@ -88,8 +88,8 @@ def _patch(name: str, module: Any) -> None:
 
 
 def unavailable(name: str, exc: BaseException) -> None:
-    """The one line (``preflight.not_instrumenting``) for an integration that failed to load."""
-    from otel_training.preflight import INTEGRATIONS_FIX, described, not_instrumenting
+    """The one line (``runtime.notice.not_instrumenting``) for an integration that failed to load."""
+    from otel_training.runtime.notice import INTEGRATIONS_FIX, described, not_instrumenting
 
     not_instrumenting(f"the {name} integration failed to load ({described(exc)})", INTEGRATIONS_FIX)
 

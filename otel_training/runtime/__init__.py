@@ -4,11 +4,12 @@ hardware together (``active.py``); ``current()`` finds it.
 - ``active.py``: ``Runtime`` (construction, install, uninstall, end of run), ``current()``;
 - ``process_events.py``: fork, spawn, SIGTERM and the main thread's end;
 - ``perf_wiring.py``: throughput, FLOPs and memory per step, wired into each stage;
-- ``processes.py``: which process this is; holds a spawned child's set-up.
+- ``processes.py``: which process this is; holds a spawned child's set-up;
+- ``notice.py``: the one line that says why this process is not instrumented.
 
-``Runtime`` and ``current`` are imported when first used: the distro imports
-``processes`` in every process (DataLoader workers included), and ``active`` pulls in
-the pipeline, torch and the SDK.
+``Runtime`` and ``current`` are imported when first used: the distro and the
+pre-instrument check import ``processes`` in every process (DataLoader workers
+included), and ``active`` pulls in the pipeline, torch and the SDK.
 """
 
 from __future__ import annotations
