@@ -12,8 +12,6 @@ breaks where that mode did not run (another mode's bin between two of its own).
 
 from __future__ import annotations
 
-from typing import Any
-
 from otel_training import semconv as sc
 from otel_training.cli.report_series import MAX_POINTS, mode_names
 
@@ -377,11 +375,3 @@ def compare_charts(a: dict, b: dict, colors: Colors) -> list[dict]:
             }
         )
     return charts
-
-
-def chart_ids(charts: list[dict]) -> list[str]:
-    return [c["id"] for c in charts]
-
-
-def as_data(charts: list[dict]) -> dict[str, Any]:
-    return {c["id"]: c for c in charts}
