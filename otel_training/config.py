@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from otel_training import environment_variables as ev
-from otel_training.record.step_assembly import BOUNDARIES
+
+# What one step is (``OTEL_TRAINING_STEP_BOUNDARY``, docs/steps.md); the step
+# assembler (record/step_assembly.py) applies it.
+BOUNDARY_AUTO = "auto"  # one optimizer update, else one backward; a forward without backward for eval
+BOUNDARY_OPTIMIZER = "optimizer"  # everything between two updates
+BOUNDARY_BACKWARD = "backward"  # each backward pass
+BOUNDARY_DATALOADER = "dataloader"  # each DataLoader batch
+BOUNDARY_FORWARD = "forward"  # each root forward begins a step
+BOUNDARIES = (BOUNDARY_AUTO, BOUNDARY_OPTIMIZER, BOUNDARY_BACKWARD, BOUNDARY_DATALOADER, BOUNDARY_FORWARD)
 
 
 class ConfigError(ValueError):
@@ -127,7 +135,7 @@ class Config:
     hardware_interval: float = 1.0
     shutdown_timeout: float = 2.0
     integrations: tuple = _INTEGRATIONS
-    step_boundary: str = "auto"
+    step_boundary: str = BOUNDARY_AUTO
     flops_per_step: float | None = None  # None: counted once on a real step; 0: no FLOPs
     peak_flops: float | None = None  # None: the GPU table
     memory: bool = True

@@ -24,14 +24,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from otel_training.config import (
+    BOUNDARY_AUTO,
+    BOUNDARY_BACKWARD,
+    BOUNDARY_DATALOADER,
+    BOUNDARY_FORWARD,
+    BOUNDARY_OPTIMIZER,
+)
 from otel_training.record.timeline import BetweenSteps, StepTimeline
-
-BOUNDARY_AUTO = "auto"
-BOUNDARY_OPTIMIZER = "optimizer"
-BOUNDARY_BACKWARD = "backward"
-BOUNDARY_DATALOADER = "dataloader"
-BOUNDARY_FORWARD = "forward"
-BOUNDARIES = (BOUNDARY_AUTO, BOUNDARY_OPTIMIZER, BOUNDARY_BACKWARD, BOUNDARY_DATALOADER, BOUNDARY_FORWARD)
 
 # Pieces merged into one step before it is handed on regardless: a loop whose
 # optimizer never steps must not hold the whole run in memory (the self-check
