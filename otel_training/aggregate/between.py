@@ -10,9 +10,12 @@ the spans and the trace file show it (under no step), the metrics record its
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from otel_training.record.timeline import BetweenSteps
+
+if TYPE_CHECKING:
+    from otel_training.aggregate.sampling import TailCapture
 
 
 class NamedPhase(NamedTuple):
@@ -41,7 +44,7 @@ class BetweenRecord(NamedTuple):
         return self.phases[0].name
 
 
-def resolve_between(group: BetweenSteps, capture: Any = None) -> BetweenRecord | None:
+def resolve_between(group: BetweenSteps, capture: TailCapture | None = None) -> BetweenRecord | None:
     """The record of ``group`` (None if it holds no ended phase); ``capture``: the
     tail capture whose token bucket bounds the spans made per second."""
     times = group.times

@@ -16,13 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter, sub
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from otel_training import semconv as sc
 from otel_training.aggregate.idle import idle_between, synchronized_marks
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.record.batches import mask_tokens
 from otel_training.record.timeline import PhaseRecord, StepTimeline
+from otel_training.timing.device import DeviceTimer
+
+if TYPE_CHECKING:
+    from otel_training.record.flops import FlopCount
+    from otel_training.record.memory import MemoryReading
 
 UNTRACKED_KEY = (sc.PHASE_UNTRACKED, sc.SPAN_STEP)  # the (name, parent) of untracked time
 # Field getters for consumers' batch loops: ``map(PHASE_NS, run)`` runs in C.
@@ -135,8 +140,8 @@ class StepRecord(NamedTuple):
     trace_reason: str | None  # why it is traced (first, error, slow, sampled), or None
     timing: str  # ``off`` (host clocks), ``events`` or ``sync``
     tokens: int | None = None  # token ids in the step's batches (padding left out)
-    flops: Any = None  # the run's FlopCount (record/flops.py), on training steps once known
-    memory: Any = None  # a MemoryReading at the step's end (record/memory.py), when one was taken
+    flops: FlopCount | None = None  # the run's count, on training steps once known
+    memory: MemoryReading | None = None  # at the step's end, when one was taken
     train_before: int = 0  # train steps before this step (a train step's ``number``)
 
     @property
@@ -199,11 +204,11 @@ class SentLayouts:
 class Resolver:
     """Timelines in, records out (pipeline thread)."""
 
-    def __init__(self, timer: Any, capture: TailCapture) -> None:
+    def __init__(self, timer: DeviceTimer, capture: TailCapture) -> None:
         self._timer = timer
         self._capture = capture
-        self._layouts: dict[str, dict[Any, Layout | None]] = {}
-        self.flops: Any = None  # the FlopCount, from the step that carried it on
+        self._layouts: dict[str, dict[int | tuple, Layout | None]] = {}  # by layout number or phase keys
+        self.flops: FlopCount | None = None  # from the step that carried it on
 
     def layout(self, mode: str, phases: Sequence[PhaseRecord], layout_id: int | None = None) -> Layout:
         """The layout of a step of these phases; ``layout_id``: its layout's number from
@@ -211,7 +216,7 @@ class Resolver:
         layouts = self._layouts.get(mode)
         if layouts is None:
             layouts = self._layouts[mode] = {}
-        key: Any = layout_id if layout_id is not None else tuple(map(_LAYOUT_KEY, phases))
+        key: int | tuple = layout_id if layout_id is not None else tuple(map(_LAYOUT_KEY, phases))
         layout = layouts.get(key)
         if layout is not None:
             return layout
@@ -288,7 +293,7 @@ class Resolver:
         )
 
 
-def _attribute_idle(layout: Layout, host: Sequence[int], device: Any) -> tuple:
+def _attribute_idle(layout: Layout, host: Sequence[int], device: Sequence[int | None]) -> tuple:
     """GPU idle per top-level phase name (and per untracked gap), and per phase."""
     idle: dict[str, int] = {}
     by_phase: dict[int, int] = {}

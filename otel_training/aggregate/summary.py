@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Sequence
 from itertools import groupby, repeat
 from operator import sub, truediv
-from typing import Any
+from typing import TYPE_CHECKING
 
 from otel_training import semconv as sc
 from otel_training.aggregate.record import (
@@ -33,6 +33,9 @@ from otel_training.aggregate.record import (
 )
 from otel_training.files import check_writable
 from otel_training.record.flops import SOURCE_MEASURED
+
+if TYPE_CHECKING:
+    from otel_training.record.flops import FlopCount
 
 SCHEMA = "otel-training/summary/v1"
 _MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
@@ -72,7 +75,7 @@ class _ModeStats:
         self.tokens = 0
         self.flops = 0.0  # FLOPs of the steps with a known count
         self.flop_ns = 0  # and their step time
-        self.flop_count: Any = None  # the FlopCount
+        self.flop_count: FlopCount | None = None
         # The step the FLOPs were counted on (slower: FLOP counting): number, ns,
         # samples, tokens. Left out of the step-time statistics and throughput.
         self.counted: tuple[int, int, int, int] | None = None
@@ -213,7 +216,7 @@ class RunSummary:
                 "tokens": m.tokens,
                 "samples_per_s": (m.samples - c_samples) / step_s if step_s > 0 else 0.0,
                 "tokens_per_s": (m.tokens - c_tokens) / step_s if step_s > 0 else 0.0,
-                **({"flops": _flops_dict(m)} if m.flop_count is not None else {}),
+                **({"flops": _flops_dict(m, m.flop_count)} if m.flop_count is not None else {}),
                 "step_time_s": step_s,
                 **({"microbatches": m.microbatches, "skipped_updates": m.skipped} if mode == sc.MODE_TRAIN else {}),
                 "wall_s": wall_s,
@@ -236,9 +239,9 @@ class RunSummary:
         return out
 
 
-def _flops_dict(m: _ModeStats) -> dict:
-    """FLOPs per step, achieved FLOP/s over the steps with a known count, and MFU."""
-    c = m.flop_count
+def _flops_dict(m: _ModeStats, c: FlopCount) -> dict:
+    """FLOPs per step (``c``: the mode's count), achieved FLOP/s over the steps with a
+    known count, and MFU."""
     timed = m.flops - (c.per_step if m.counted is not None else 0.0)  # the FLOPs of the steps in flop_ns
     flop_s = timed / (m.flop_ns / 1e9) if m.flop_ns > 0 else 0.0
     counted = {}

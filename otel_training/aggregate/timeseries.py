@@ -284,8 +284,8 @@ class TimeSeries:
         """The run without the step FLOPs were counted on (it ran slower: the summary
         leaves it out of the step times and throughput too)."""
         self._counted = True
-        i = next(i for i, r in enumerate(run) if r.flops is not None)
-        if run[i].flops.source != SOURCE_MEASURED:
+        i, flops = next((i, r.flops) for i, r in enumerate(run) if r.flops is not None)
+        if flops.source != SOURCE_MEASURED:
             return run
         return run[:i] + run[i + 1 :]
 
