@@ -7,7 +7,8 @@ clock, power, temperature, throttle reasons and PCIe throughput. Per process (ev
 process, for itself): GPU memory and SM utilization.
 
 A call that a model does not support removes only its gauges (one log line); no
-driver or no GPU removes all GPU gauges. Nothing here raises.
+driver or no GPU removes all GPU gauges. Nothing here raises. The per-GPU state and
+NVML's error kinds and sample values are in ``nvml.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from typing import Any
 
 from otel_training.hardware import names as n
-from otel_training.hardware.stats import Store, attributes
+from otel_training.hardware.nvml import Gpu, as_text, describe, permanent_error, sample_value
+from otel_training.hardware.stats import Store
 
 _logger = logging.getLogger("otel_training.hardware")
 
@@ -57,28 +59,6 @@ PROCESS_UTILIZATION_STALE_S = 10.0
 _KIB = 1024
 
 
-class _Gpu:
-    def __init__(self, handle, index: int, uuid: str, model: str, host_name: str, pid: int) -> None:
-        self.handle = handle
-        self.index = index
-        gpu = {n.HOST_NAME: host_name, n.HW_ID: uuid, n.HW_TYPE: "gpu", n.HW_MODEL: model, n.GPU_INDEX: index}
-        self.gpu = gpu
-        self.attrs = attributes(**gpu)
-        self.proc_attrs = attributes(**gpu, **{n.PROCESS_PID: pid})
-        self.disabled: set[str] = set()
-        self.buffered = {"utilization": True, "memory_controller": True}
-        # sampling key -> newest NVML timestamp seen (us); absent: never read, so the
-        # next read returns the driver's whole buffer, history from before we started
-        self.last_seen: dict[str, int] = {}
-        self.has_value: set[str] = set()
-        self.legacy_throttle = False
-        self.process_seen = False
-        self.process_util_at: float | None = None
-
-    def with_attrs(self, **extra) -> tuple:
-        return attributes(**self.gpu, **extra)
-
-
 class GpuSource:
     """``start()`` loads NVML (call it on the sampler thread: nvmlInit can be slow)."""
 
@@ -87,7 +67,7 @@ class GpuSource:
         self._host_name = host_name
         self._pid = os.getpid() if pid is None else pid
         self._nvml: Any = None  # the pynvml module, once NVML is up
-        self.gpus: list[_Gpu] = []
+        self.gpus: list[Gpu] = []
         self._logged: set[str] = set()
 
     @property
@@ -103,23 +83,23 @@ class GpuSource:
         try:
             pynvml.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded...
-            _logger.info("no GPU metrics: NVML unavailable (%s)", _describe(exc))
+            _logger.info("no GPU metrics: NVML unavailable (%s)", describe(exc))
             return False
         self._nvml = pynvml
         try:
             count = pynvml.nvmlDeviceGetCount()
         except Exception as exc:
-            _logger.info("no GPU metrics: cannot count GPUs (%s)", _describe(exc))
+            _logger.info("no GPU metrics: cannot count GPUs (%s)", describe(exc))
             count = -1
         for i in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-                model = _text(pynvml.nvmlDeviceGetName(handle))
+                uuid = as_text(pynvml.nvmlDeviceGetUUID(handle))
+                model = as_text(pynvml.nvmlDeviceGetName(handle))
             except Exception as exc:  # a lost or inaccessible GPU: skip it
-                _logger.info("no metrics for GPU %d (%s)", i, _describe(exc))
+                _logger.info("no metrics for GPU %d (%s)", i, describe(exc))
                 continue
-            self.gpus.append(_Gpu(handle, i, uuid, model, self._host_name, self._pid))
+            self.gpus.append(Gpu(handle, i, uuid, model, self._host_name, self._pid))
         if not self.gpus:
             if count == 0:
                 _logger.info("no GPU metrics: NVML found no GPU")
@@ -168,7 +148,7 @@ class GpuSource:
             self._throttle(gpu)
             self._pcie(gpu)
 
-    def _utilization(self, gpu: _Gpu) -> None:
+    def _utilization(self, gpu: Gpu) -> None:
         nvml = self._nvml
         fallback = []
         for key, sampling, gauge in (
@@ -197,7 +177,7 @@ class GpuSource:
             self._store.add(gauge, gpu.attrs, percent / 100.0)
             gpu.has_value.add(key)
 
-    def _buffered(self, gpu: _Gpu, key: str, sampling: int) -> list[float] | None:
+    def _buffered(self, gpu: Gpu, key: str, sampling: int) -> list[float] | None:
         """New sample values (percent), [] when none arrived; None: not supported."""
         nvml = self._nvml
         first = key not in gpu.last_seen
@@ -208,7 +188,7 @@ class GpuSource:
             if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())):
                 gpu.last_seen[key] = last
                 return []  # no sample newer than `last`
-            if _permanent(nvml, exc):
+            if permanent_error(nvml, exc):
                 gpu.buffered[key] = False
                 self._log_once(
                     f"buffered:{key}",
@@ -216,7 +196,7 @@ class GpuSource:
                     gpu.index,
                     gpu.gpu[n.HW_MODEL],
                     key,
-                    _describe(exc),
+                    describe(exc),
                 )
                 return None
             self._log_once(
@@ -224,7 +204,7 @@ class GpuSource:
                 "GPU %d: reading %s samples failed (%s)",
                 gpu.index,
                 key,
-                _describe(exc),
+                describe(exc),
                 level=logging.WARNING,
             )
             return []
@@ -234,7 +214,7 @@ class GpuSource:
                 "GPU %d: reading %s samples failed (%s)",
                 gpu.index,
                 key,
-                _describe(exc),
+                describe(exc),
                 level=logging.WARNING,
             )
             return []
@@ -247,9 +227,9 @@ class GpuSource:
             # The first read returns the driver's whole buffer (seconds of history
             # before we started): keep only the newest sample.
             samples = [s for s in samples if s.timeStamp == newest][:1]
-        return [_sample_value(nvml, value_type, s.sampleValue) for s in samples]
+        return [sample_value(nvml, value_type, s.sampleValue) for s in samples]
 
-    def _throttle(self, gpu: _Gpu) -> None:
+    def _throttle(self, gpu: Gpu) -> None:
         nvml = self._nvml
         if "throttle" in gpu.disabled:
             return
@@ -271,7 +251,7 @@ class GpuSource:
         for bit, reason in THROTTLE_REASONS:
             self._store.add(n.GPU_THROTTLE, gpu.with_attrs(**{n.THROTTLE_REASON: reason}), 1.0 if mask & bit else 0.0)
 
-    def _pcie(self, gpu: _Gpu) -> None:
+    def _pcie(self, gpu: Gpu) -> None:
         nvml = self._nvml
         # Each call counts bytes over a 20 ms window (blocking this thread, not the
         # training thread: ctypes releases the GIL).
@@ -304,7 +284,7 @@ class GpuSource:
                     self._store.add(n.PROCESS_GPU_MEMORY_USAGE, gpu.proc_attrs, 0)
             self._process_utilization(gpu, now)
 
-    def _process_utilization(self, gpu: _Gpu, now: float) -> None:
+    def _process_utilization(self, gpu: Gpu, now: float) -> None:
         nvml = self._nvml
         if "process_utilization" in gpu.disabled:
             return
@@ -338,7 +318,7 @@ class GpuSource:
             self._store.drop(n.PROCESS_GPU_UTILIZATION, gpu.proc_attrs)
 
     # --- errors --------------------------------------------------------------------------
-    def _call(self, gpu: _Gpu, key: str, fn, *args, also=()):
+    def _call(self, gpu: Gpu, key: str, fn, *args, also=()):
         """fn(*args), or None (after handling the error) when it fails."""
         if key in gpu.disabled:
             return None
@@ -348,9 +328,9 @@ class GpuSource:
             self._handle_error(gpu, key, exc, also=also)
             return None
 
-    def _handle_error(self, gpu: _Gpu, key: str, exc: BaseException, also=()) -> None:
+    def _handle_error(self, gpu: Gpu, key: str, exc: BaseException, also=()) -> None:
         nvml = self._nvml
-        if nvml is not None and _permanent(nvml, exc):
+        if nvml is not None and permanent_error(nvml, exc):
             for k in (key,) + tuple(also):
                 gpu.disabled.add(k)
                 for gauge in _GAUGES[k]:
@@ -362,7 +342,7 @@ class GpuSource:
                 gpu.index,
                 gpu.gpu[n.HW_MODEL],
                 key,
-                _describe(exc),
+                describe(exc),
                 gauges,
             )
         else:
@@ -371,7 +351,7 @@ class GpuSource:
                 "GPU %d: reading %s failed (%s); retrying each tick",
                 gpu.index,
                 key,
-                _describe(exc),
+                describe(exc),
                 level=logging.WARNING,
             )
 
@@ -380,32 +360,3 @@ class GpuSource:
             return
         self._logged.add(key)
         _logger.log(level, msg, *args)
-
-
-def _permanent(nvml, exc: BaseException) -> bool:
-    """Errors that will not go away on the next tick: the metric is dropped."""
-    permanent = tuple(
-        getattr(nvml, name)
-        for name in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
-        if hasattr(nvml, name)
-    )
-    return isinstance(exc, permanent) or isinstance(exc, (AttributeError, TypeError))
-
-
-def _sample_value(nvml, value_type: int, value) -> float:
-    field = {
-        nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    }.get(value_type, "uiVal")  # utilization samples are unsigned int
-    return float(getattr(value, field))
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
