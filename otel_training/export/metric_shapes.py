@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import groupby, repeat
 from operator import sub, truediv
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from otel_training.aggregate.record import (
     BATCH_SIZE,
@@ -30,17 +30,24 @@ from otel_training.aggregate.record import (
 )
 from otel_training.export.histograms import HistogramBank, Series
 
-if TYPE_CHECKING:
-    from otel_training.export.metrics import StepMetrics
-
 _MAX_CACHED = 1024  # layouts whose series are looked up once
 _NS = repeat(1e9)
+
+
+class QueueOwner(Protocol):
+    """What the queues use of the ``StepMetrics`` that owns them."""
+
+    def phase_handle(self, mode: str, key: tuple[str, str]) -> Series: ...
+    def step_series(self, mode: str, bank: HistogramBank) -> Series: ...
+    def count(
+        self, mode: str, steps: int, samples: int, queued: bool = True, microbatches: int = 0, skipped: int = 0
+    ) -> None: ...
 
 
 class LayoutQueues:
     """Queues untraced records' values into the bank's series, by layout run."""
 
-    def __init__(self, metrics: StepMetrics, bank: HistogramBank) -> None:
+    def __init__(self, metrics: QueueOwner, bank: HistogramBank) -> None:
         self._metrics = metrics  # the StepMetrics that owns this strategy
         self._bank = bank  # its bank
         self._series: dict[Layout, list[Series]] = {}
