@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otel_training
 from otel_training import semconv as sc
 from otel_training.aggregate import pipeline as pipeline_mod
-from otel_training.aggregate import record as record_mod
+from otel_training.aggregate import step_record as record_mod
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.timeline import PhaseRecord

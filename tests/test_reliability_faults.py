@@ -218,7 +218,7 @@ def test_a_fault_in_a_consumer_is_contained_and_the_others_still_get_every_step(
 
 
 def test_a_fault_while_resolving_a_step_is_contained_and_counted(instrumented, reference, monkeypatch):
-    from otel_training.aggregate.record import Resolver
+    from otel_training.aggregate.step_record import Resolver
 
     fired = []
 

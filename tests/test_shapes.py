@@ -11,7 +11,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_training import semconv as sc
-from otel_training.aggregate import record as record_mod
+from otel_training.aggregate import step_record as record_mod
 from otel_training.aggregate.pipeline import Pipeline
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary

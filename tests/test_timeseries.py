@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import random
 
-from otel_training.aggregate.record import Resolver
 from otel_training.aggregate.sampling import TailCapture
+from otel_training.aggregate.step_record import Resolver
 from otel_training.aggregate.summary import RunSummary, write
 from otel_training.aggregate.timeseries import MAX_PHASES, MAX_WINDOWS, POINTS, TimeSeries
 from otel_training.record.timeline import PhaseRecord, StepTimeline

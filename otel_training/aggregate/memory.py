@@ -32,7 +32,7 @@ MB = 1e6
 _MEMORY = attrgetter("memory")
 
 if TYPE_CHECKING:
-    from otel_training.aggregate.record import StepRecord
+    from otel_training.aggregate.step_record import StepRecord
     from otel_training.record.memory import MemoryReading
 
 

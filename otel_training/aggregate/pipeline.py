@@ -3,7 +3,7 @@
 The training thread only appends to a bounded deque (``submit``); if we fall behind,
 steps are dropped and counted, never waited for. On its own daemon thread the
 pipeline resolves each timeline once into an immutable ``StepRecord``
-(``record.py``) and hands batches of records, one way, to the consumers in a fixed
+(``step_record.py``) and hands batches of records, one way, to the consumers in a fixed
 order: coverage, run summary, time series, spans, the trace file when one is asked
 for, then metrics (which take the traced steps' span contexts for exemplars). No
 consumer calls back into the pipeline.
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from otel_training.aggregate.between import BetweenRecord, resolve_between
 from otel_training.aggregate.coverage import Coverage
-from otel_training.aggregate.record import Resolver, SentLayouts, StepRecord
 from otel_training.aggregate.sampling import TailCapture
+from otel_training.aggregate.step_record import Resolver, SentLayouts, StepRecord
 from otel_training.aggregate.summary import RunSummary
 from otel_training.aggregate.timeseries import TimeSeries
 from otel_training.record.timeline import BetweenSteps, StepTimeline

@@ -17,7 +17,7 @@ from operator import sub, truediv
 from typing import TYPE_CHECKING
 
 from otel_training import semconv as sc
-from otel_training.aggregate.record import (
+from otel_training.aggregate.step_record import (
     BATCH_SIZE,
     BY_LAYOUT,
     IDLE_NS,

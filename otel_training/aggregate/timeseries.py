@@ -24,7 +24,7 @@ from itertools import groupby
 from operator import attrgetter, sub
 
 from otel_training import semconv as sc
-from otel_training.aggregate.record import (
+from otel_training.aggregate.step_record import (
     BATCH_SIZE,
     BY_LAYOUT,
     IDLE_NS,

@@ -1,7 +1,7 @@
 """Untraced steps' histogram values queued a layout run at a time (private to
 ``StepMetrics``).
 
-Most steps of a loop share one layout (``aggregate/record.py``). For a run of
+Most steps of a loop share one layout (``aggregate/step_record.py``). For a run of
 records of one layout, each phase's values form a column: it is converted and
 queued for the histogram bank with C-level calls (``zip``, ``map``), rather than a
 Python loop per phase per step, which was most of the pipeline's cost at short
@@ -16,7 +16,7 @@ from itertools import groupby, repeat
 from operator import sub, truediv
 from typing import Protocol
 
-from otel_training.aggregate.record import (
+from otel_training.aggregate.step_record import (
     BATCH_SIZE,
     BY_LAYOUT,
     MICROBATCHES,

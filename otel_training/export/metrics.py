@@ -15,7 +15,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from otel_training import semconv as sc
-from otel_training.aggregate.record import IDLE_NS, StepRecord
+from otel_training.aggregate.step_record import IDLE_NS, StepRecord
 from otel_training.export.histograms import HistogramBank, Series, bank_for
 from otel_training.export.metric_shapes import LayoutQueues
 

@@ -16,7 +16,7 @@ from otel_training.export import sdk
 
 if TYPE_CHECKING:
     from otel_training.aggregate.between import BetweenRecord
-    from otel_training.aggregate.record import StepRecord
+    from otel_training.aggregate.step_record import StepRecord
 
 _ROOT_CONTEXT = Context()
 _INHERITED = (sc.ATTR_RANK, sc.ATTR_LOCAL_RANK, sc.ATTR_WORLD_SIZE)

@@ -24,7 +24,7 @@ from otel_training.record.flops import SOURCE_MEASURED
 
 if TYPE_CHECKING:
     from otel_training.aggregate.memory import MemoryTrend
-    from otel_training.aggregate.record import StepRecord
+    from otel_training.aggregate.step_record import StepRecord
 
 _MODE = attrgetter("mode")
 _TOKENS = attrgetter("tokens")

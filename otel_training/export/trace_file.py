@@ -36,7 +36,7 @@ from otel_training.files import check_writable
 
 if TYPE_CHECKING:
     from otel_training.aggregate.between import BetweenRecord
-    from otel_training.aggregate.record import StepRecord
+    from otel_training.aggregate.step_record import StepRecord
 
 MAX_BYTES = 32 * 1024 * 1024
 DAY_NS = 86_400 * 10**9
