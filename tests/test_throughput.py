@@ -399,3 +399,49 @@ def test_samples_when_micro_batches_are_fetched_first_or_one_ahead(instrumented)
     assert [s.attributes.get("training.batch_size") for s in tel2.steps()] == [4] * 6
     summary, train, counter, samples = _train_totals(tel2)
     assert samples == 24 and counter == 24 * CFG.block_size
+
+
+def test_a_second_instrumentation_on_the_same_providers_is_what_the_instruments_read():
+    """The SDK gives the same meter back and keeps an instrument's first callbacks: after
+    uninstrument and instrument again on the same providers, the token counter goes on
+    from the first run's total and the memory gauge reads the new run."""
+    import dataclasses
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_training.config import load_config
+    from otel_training.instrumentor import TrainingInstrumentor
+
+    def points(name):
+        data = reader.get_metrics_data()
+        return [(dict(p.attributes), p.value) for rm in data.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.name == name for p in m.data.data_points]
+
+    config = dataclasses.replace(load_config({}), hardware=False, gpu_timing="off", summary=False, integrations=())
+    reader = InMemoryMetricReader()
+    mp, tp = MeterProvider(metric_readers=[reader]), TracerProvider()
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(CFG.vocab_size, (2, CFG.block_size))
+    tokens, rss = [], []
+    for steps in (3, 2):
+        inst = TrainingInstrumentor()
+        inst.instrument(tracer_provider=tp, meter_provider=mp, config=config)
+        kept = torch.ones(25_000_000) if steps == 2 else None  # 100 MB more in the second run
+        for _ in range(steps):
+            _, loss = model(x, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        inst.uninstrument()
+        tokens.append(sum(v for a, v in points("training.tokens") if a.get("training.mode") == "train"))
+        ((_, value),) = points("training.memory.rss")
+        rss.append(value)
+        del kept
+    assert tokens == [3 * x.numel(), 5 * x.numel()]
+    assert rss[1] > rss[0] + 50e6
+    tp.shutdown()
+    mp.shutdown()

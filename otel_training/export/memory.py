@@ -4,64 +4,34 @@ At each collection: the newest step-end reading (``training.memory.allocated`` f
 CUDA device, ``training.memory.rss`` for a CPU run), the highest per-step peaks since
 the previous collection (``training.memory.peak_allocated`` / ``peak_reserved``; the
 last value again when no reading came meanwhile) and the allocator's cumulative retries and
-out-of-memory errors as counters. CUDA points carry the GPU's ``hw.id``.
+out-of-memory errors as counters. CUDA points carry the GPU's ``hw.id``. The
+instruments are made once per meter and read the ``MemoryMetrics`` made last
+(``per_meter.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_training import semconv as sc
 from otel_training.aggregate.memory import MemoryTrend
+from otel_training.export.per_meter import Latest, latest
+
+if TYPE_CHECKING:
+    from otel_training.record.memory import MemoryReading
 
 
 class MemoryMetrics:
-    """Registers the memory instruments on ``meter``; they read ``trend``."""
+    """The memory instruments of ``meter`` read ``trend`` from now on."""
 
     def __init__(self, meter: Any, common: dict, trend: MemoryTrend) -> None:
         self._trend = trend
         self._common = dict(common)
         self._attrs: dict[str | None, dict] = {}
-        gauge, counter = meter.create_observable_gauge, meter.create_observable_counter
-        gauge(
-            sc.METRIC_MEMORY_ALLOCATED,
-            callbacks=[self._allocated],
-            unit="By",
-            description="Device memory allocated to tensors (PyTorch's caching allocator) at the end of a step",
-        )
-        gauge(
-            sc.METRIC_MEMORY_PEAK_ALLOCATED,
-            callbacks=[self._peak_allocated],
-            unit="By",
-            description="Highest device memory allocated to tensors during a step",
-        )
-        gauge(
-            sc.METRIC_MEMORY_PEAK_RESERVED,
-            callbacks=[self._peak_reserved],
-            unit="By",
-            description="Highest device memory reserved by PyTorch's caching allocator during a step",
-        )
-        counter(
-            sc.METRIC_MEMORY_ALLOC_RETRIES,
-            callbacks=[self._retries],
-            unit="{retry}",
-            description="Allocations the caching allocator retried after freeing its cache",
-        )
-        counter(
-            sc.METRIC_MEMORY_OOMS,
-            callbacks=[self._ooms],
-            unit="{error}",
-            description="CUDA out-of-memory errors raised by the caching allocator",
-        )
-        gauge(
-            sc.METRIC_MEMORY_RSS,
-            callbacks=[self._rss],
-            unit="By",
-            description="Resident set size of the process at the end of a step (runs without CUDA)",
-        )
+        latest(meter, "memory", lambda slot: _create(meter, slot)).source = self
 
     def _for(self, device: str | None) -> dict:
         attrs = self._attrs.get(device)
@@ -71,7 +41,7 @@ class MemoryMetrics:
             )
         return attrs
 
-    def _cuda(self) -> Any:
+    def _cuda(self) -> MemoryReading | None:
         m = self._trend.newest()
         return m if m is not None and m.kind == "cuda" else None
 
@@ -103,3 +73,43 @@ class MemoryMetrics:
     def _rss(self, options: CallbackOptions) -> Iterable[Observation]:
         m = self._trend.newest()
         return [Observation(m.current, self._common)] if m is not None and m.kind == "cpu" else []
+
+
+def _create(meter: Any, slot: Latest[MemoryMetrics]) -> None:
+    gauge, counter = meter.create_observable_gauge, meter.create_observable_counter
+    gauge(
+        sc.METRIC_MEMORY_ALLOCATED,
+        callbacks=[slot.reading(MemoryMetrics._allocated)],
+        unit="By",
+        description="Device memory allocated to tensors (PyTorch's caching allocator) at the end of a step",
+    )
+    gauge(
+        sc.METRIC_MEMORY_PEAK_ALLOCATED,
+        callbacks=[slot.reading(MemoryMetrics._peak_allocated)],
+        unit="By",
+        description="Highest device memory allocated to tensors during a step",
+    )
+    gauge(
+        sc.METRIC_MEMORY_PEAK_RESERVED,
+        callbacks=[slot.reading(MemoryMetrics._peak_reserved)],
+        unit="By",
+        description="Highest device memory reserved by PyTorch's caching allocator during a step",
+    )
+    counter(
+        sc.METRIC_MEMORY_ALLOC_RETRIES,
+        callbacks=[slot.reading(MemoryMetrics._retries)],
+        unit="{retry}",
+        description="Allocations the caching allocator retried after freeing its cache",
+    )
+    counter(
+        sc.METRIC_MEMORY_OOMS,
+        callbacks=[slot.reading(MemoryMetrics._ooms)],
+        unit="{error}",
+        description="CUDA out-of-memory errors raised by the caching allocator",
+    )
+    gauge(
+        sc.METRIC_MEMORY_RSS,
+        callbacks=[slot.reading(MemoryMetrics._rss)],
+        unit="By",
+        description="Resident set size of the process at the end of a step (runs without CUDA)",
+    )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_training import semconv as sc
+from otel_training.export.per_meter import Latest, latest
 from otel_training.record.flops import SOURCE_MEASURED
 
 if TYPE_CHECKING:
@@ -33,29 +34,10 @@ _FIRST, _LAST = itemgetter(0), itemgetter(-1)
 
 
 class ThroughputMetrics:
-    """A pipeline consumer: ``add(records)``."""
+    """A pipeline consumer: ``add(records)``. The instruments of ``meter`` read it from
+    now on (``per_meter.py``); its counters go on from the totals of the one before."""
 
     def __init__(self, meter: Any, common: dict) -> None:
-        # Observable counters: the pipeline only adds to totals; the SDK reads them at
-        # collection (no SDK call per batch of steps).
-        meter.create_observable_counter(
-            sc.METRIC_TOKENS,
-            callbacks=[self._observe_tokens],
-            unit="{token}",
-            description="Token ids processed (padding excluded)",
-        )
-        meter.create_observable_counter(
-            sc.METRIC_FLOPS,
-            callbacks=[self._observe_flops],
-            unit="{flop}",
-            description="Floating-point operations of training steps",
-        )
-        meter.create_observable_gauge(
-            sc.METRIC_MFU,
-            callbacks=[self._observe_mfu],
-            unit="1",
-            description="Model FLOPs utilization: achieved FLOP/s over the device's peak FLOP/s",
-        )
         self._attrs = {mode: {**common, sc.ATTR_MODE: mode} for mode in (sc.MODE_TRAIN, sc.MODE_EVAL)}
         self._lock = threading.Lock()
         self._tokens: dict[str, int] = {}  # per mode, since the start
@@ -65,6 +47,12 @@ class ThroughputMetrics:
         self._peak: float | None = None
         self._mfu: float | None = None  # the last value: repeated while no step finishes
         self._seen = False  # a step with the FLOP count came (the first is left out of MFU)
+        slot = latest(meter, "throughput", lambda slot: _create(meter, slot))
+        previous = slot.source
+        if previous is not None:  # an uninstrument, then instrument again: counters never go back
+            with previous._lock:
+                self._tokens, self._flops = dict(previous._tokens), dict(previous._flops)
+        slot.source = self
 
     def add(self, records: Sequence[StepRecord]) -> None:
         for mode, group in groupby(records, _MODE):
@@ -113,6 +101,29 @@ class ThroughputMetrics:
                 self._mfu = flops / (ns / 1e9) / peak
             mfu = self._mfu
         return [Observation(mfu, self._attrs[sc.MODE_TRAIN])] if mfu is not None else []
+
+
+def _create(meter: Any, slot: Latest[ThroughputMetrics]) -> None:
+    # Observable counters: the pipeline only adds to totals; the SDK reads them at
+    # collection (no SDK call per batch of steps).
+    meter.create_observable_counter(
+        sc.METRIC_TOKENS,
+        callbacks=[slot.reading(ThroughputMetrics._observe_tokens)],
+        unit="{token}",
+        description="Token ids processed (padding excluded)",
+    )
+    meter.create_observable_counter(
+        sc.METRIC_FLOPS,
+        callbacks=[slot.reading(ThroughputMetrics._observe_flops)],
+        unit="{flop}",
+        description="Floating-point operations of training steps",
+    )
+    meter.create_observable_gauge(
+        sc.METRIC_MFU,
+        callbacks=[slot.reading(ThroughputMetrics._observe_mfu)],
+        unit="1",
+        description="Model FLOPs utilization: achieved FLOP/s over the device's peak FLOP/s",
+    )
 
 
 def perf_metrics(meter: Any, common: dict, trend: MemoryTrend, memory: bool) -> list:
