@@ -33,23 +33,31 @@ if RandomIdGenerator is not None:
     class _PrivateRandomIdGenerator(RandomIdGenerator):
         """The SDK's random ids, from a generator of our own: training scripts reseed
         the global ``random`` (and torch.compile restores its state), which would
-        repeat the SDK's default ids -- traces merged, the same ids on every rank."""
+        repeat the SDK's default ids -- traces merged, the same ids on every rank. A
+        forked child reseeds at its first id (no fork handler: nothing to remove)."""
 
         def __init__(self) -> None:
             self._random = random.Random()
-            if hasattr(os, "register_at_fork"):
-                os.register_at_fork(after_in_child=self._random.seed)
+            self._pid = os.getpid()
+
+        def _rng(self) -> random.Random:
+            if os.getpid() != self._pid:  # a forked child: not a copy of the parent's ids
+                self._pid = os.getpid()
+                self._random.seed()
+            return self._random
 
         def generate_span_id(self) -> int:
-            span_id = self._random.getrandbits(64)
+            rng = self._rng()
+            span_id = rng.getrandbits(64)
             while span_id == trace.INVALID_SPAN_ID:
-                span_id = self._random.getrandbits(64)
+                span_id = rng.getrandbits(64)
             return span_id
 
         def generate_trace_id(self) -> int:
-            trace_id = self._random.getrandbits(128)
+            rng = self._rng()
+            trace_id = rng.getrandbits(128)
             while trace_id == trace.INVALID_TRACE_ID:
-                trace_id = self._random.getrandbits(128)
+                trace_id = rng.getrandbits(128)
             return trace_id
 
     _PRIVATE_IDS = _PrivateRandomIdGenerator()

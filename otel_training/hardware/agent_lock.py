@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import threading
+import weakref
 
 try:
     import fcntl
@@ -38,8 +39,10 @@ class HostLock:
         if hasattr(os, "register_at_fork"):
             # A forked child (a DataLoader worker) shares the open file description,
             # and with it the lock: close its copy so the lock still frees when the
-            # holder exits, even while the worker lives on.
-            os.register_at_fork(after_in_child=self._forget_in_child)
+            # holder exits, even while the worker lives on. Held weakly: a fork handler
+            # cannot be removed, and it must not keep a lock of an ended run alive.
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
     @property
     def held(self) -> bool:
@@ -79,7 +82,8 @@ class HostLock:
             except OSError:
                 pass
 
-    def _forget_in_child(self) -> None:
+    def forget_in_child(self) -> None:
+        """In a forked child: close the inherited copy of the lock's file."""
         fd, self._fd = self._fd, None
         self._mutex = threading.Lock()
         if fd is not None and fd >= 0:
@@ -87,3 +91,9 @@ class HostLock:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _forget_in_child(ref: weakref.ref) -> None:
+    lock = ref()
+    if lock is not None:
+        lock.forget_in_child()
