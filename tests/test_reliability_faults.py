@@ -57,7 +57,10 @@ ENTRY_POINTS = [
     ("otel_training.export.progress", "open_phase_seconds", "open_phase_start"),
     ("otel_training.runtime.active", "shutdown", "close"),
 ]
-_OURS = ("otel_training.record.tracker", "otel_training.record.phase_stack")
+_OURS = tuple(  # the recorder's own parts, calling each other
+    f"otel_training.record.{m}"
+    for m in ("tracker", "phase_stack", "loader_steps", "forward_steps", "optimizer_steps", "named_between", "repeats")
+)
 
 
 def _plant(tracker, fires) -> None:

@@ -91,16 +91,6 @@ class PhaseStack:
         if after is not None:
             after()
 
-    def hand_on(self, step: StepTimeline, now: int) -> None:
-        """Hand on ``step``, already complete, ended at ``now`` (a repeated piece)."""
-        memory = self.memory
-        if memory is not None and now >= memory.due:
-            step.memory = memory.read(now)
-        self.sink(step)
-        after = self.after_step
-        if after is not None:
-            after()
-
     def discard(self) -> None:
         """Drop the open piece (its device tokens go back to the timer)."""
         step = self.step

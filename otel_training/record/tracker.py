@@ -15,35 +15,28 @@ no allocation beyond the step's lists.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.record.batches import read_batch, read_inputs
 from otel_training.record.events import DRIVER_DATALOADER, DRIVER_MANUAL, DRIVER_NONE
+from otel_training.record.forward_steps import ForwardSteps
+from otel_training.record.loader_steps import LoaderSteps
 from otel_training.record.named_between import NamedBetween
 from otel_training.record.optimizer_steps import OptimizerSteps
-from otel_training.record.phase_stack import BATCH, PhaseStack, grad_enabled
+from otel_training.record.phase_stack import PhaseStack
 from otel_training.record.repeats import LEARN_AFTER, Repeats
 from otel_training.record.run_facts import RunFacts
-from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
+from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline, has_work
 
 _FORWARD = sc.PHASE_FORWARD
 _BACKWARD = sc.PHASE_BACKWARD
-_ITER_GAP_NS = 5_000_000  # iter(loader) this close before its first next(): one wait
 _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
 _NOBODY = -1  # a thread ident no thread has: every hook is ignored
-
-
-def _gone() -> None:
-    """A weak reference's answer once its object is gone."""
-    return None
 
 
 class Tracker:
@@ -52,26 +45,17 @@ class Tracker:
 
     def __init__(self, assembler: StepAssembler, timer: Any, clock: Callable[[], int] = time.perf_counter_ns):
         self.assembler = assembler
-        self._forward_boundary = assembler.boundary == BOUNDARY_FORWARD
         self.phases = PhaseStack(timer, assembler.add, clock)
         self._optimizer_steps = OptimizerSteps(self.phases, assembler.alive)
         self._between = NamedBetween(self.phases, assembler.add_between)
         # called when a DataLoader loop begins or ends (model discovery looks again)
         self.on_loop: Callable[[], None] | None = None
-        torch = sys.modules.get("torch")  # the manual API needs no torch
-        self._grad_enabled = getattr(torch, "is_grad_enabled", None) or grad_enabled
-        self._step_root: Any = None  # the first root module called in the step
-        self._forward_root: Any = None  # the root that opened the last forward phase
-        self._last_root: Any = None  # the last root called (a continuation's too)
         self.driver = DRIVER_NONE
         self.thread: int | None = None  # the training thread's ident
-        # kinds of loader whose loops this thread began ("torch", "grain"); replaced, never
-        # mutated, so the summary reads it from another thread
-        self.loaders: frozenset[str] = frozenset()
         self.facts = RunFacts()  # what the run already does (loader settings, autocast ...)
-        self._fetched: StepTimeline | None = None  # the piece of the last batch a DataLoader handed out
-        self._source_id = 0  # id() of the DataLoader iterator that began the last piece, and
-        self._source: Callable[[], Any] = _gone  # a weak reference to it
+        self._loader_steps = LoaderSteps(self)
+        self._forward_steps = ForwardSteps(self, assembler)
+        self.grad_enabled = self._forward_steps.grad_enabled  # torch's, read once
         # A loop that repeats one piece: DataLoader pieces opened before its mode learns it.
         self.repeats = Repeats(self)
         self.mode: Repeats | None = None  # while set, the hot events go to it first
@@ -172,15 +156,37 @@ class Tracker:
         """The repeat mode learns after ``pieces`` more DataLoader pieces (-1: never)."""
         self._learn_in = pieces
 
-    def _new_step(self, source: Any = None, epoch: int | None = None) -> StepTimeline:
+    def piece_opened_by_loader(self) -> None:
+        """A loader's batch opened a piece: the repeat mode may begin learning."""
+        self._learn_in -= 1
+        if not self._learn_in:
+            self.repeats.begin()
+
+    def repeated_piece_ended(self, step: StepTimeline, now: int) -> None:
+        """The repeat mode finished ``step`` at ``now`` from its template: handed on,
+        and the next piece begins at the same instant."""
+        self._loader_steps.fetched(step)
+        phases = self.phases
+        phases.step = None
+        memory = phases.memory
+        if memory is not None and now >= memory.due:  # (PhaseStack.close_step's end, inlined)
+            step.memory = memory.read(now)
+        phases.sink(step)
+        after = phases.after_step
+        if after is not None:
+            after()
+        new = StepTimeline(-1, step.epoch, step.source)
+        new.marks.append(now)
+        phases.step = new
+
+    def new_piece(self, source: Any = None, epoch: int | None = None) -> StepTimeline:
+        """Begin recording a piece (its first mark is the caller's)."""
         step = self.phases.new_step(source, epoch)
         self._reset_roots()
         return step
 
     def _reset_roots(self) -> None:
-        self._step_root = None
-        self._forward_root = None
-        self._last_root = None
+        self._forward_steps.reset()
         self._optimizer_steps.reset()
 
     def reset_piece(self) -> None:
@@ -190,7 +196,8 @@ class Tracker:
         phases.reset_piece()
         self._reset_roots()
 
-    def _close(self, token: Any, now: int) -> None:
+    def close_piece(self, token: Any, now: int) -> None:
+        """End the open piece at ``(token, now)`` and hand it on."""
         self._optimizer_steps.reset()
         self.phases.close_step(token, now)
 
@@ -215,8 +222,8 @@ class Tracker:
         self.thread = threading.get_ident()
         token, now = self.phases.stamp()
         if self.phases.step is not None:
-            self._close(token, now)
-        step = self._new_step(source, epoch)
+            self.close_piece(token, now)
+        step = self.new_piece(source, epoch)
         step.manual = driver == DRIVER_MANUAL
         self.phases.push(step, token, now)
 
@@ -227,7 +234,7 @@ class Tracker:
             return
         if error is not None:
             self.phases.record_error(error)
-        self._close(*self.phases.stamp())
+        self.close_piece(*self.phases.stamp())
 
     def discard_step(self) -> None:
         """Drop the current piece (a framework's fetch that held no work)."""
@@ -286,235 +293,52 @@ class Tracker:
         self._between.end(rec, error)
 
     # ---------------------------------------------------------------- data loading
+    @property
+    def loaders(self) -> frozenset[str]:
+        """Kinds of loader whose loops this thread began ("torch", "grain")."""
+        return self._loader_steps.kinds
+
     def loader_iter_begin(self, kind: str = "torch") -> tuple:
-        """``DataLoader.__iter__`` entered (or another ``kind`` of loader's iterator
-        made): a new loop ends the open step (unless a manual ``step()`` drives).
-        Returns the instant, ``(token, ns)``, from which the loop's first step counts
-        (so worker start-up lands in its first wait)."""
         self._settle()
-        if kind not in self.loaders:
-            self.loaders = self.loaders | {kind}
-        token, now = self.phases.stamp()
-        step = self.phases.step
-        if step is not None and self.driver in (DRIVER_NONE, DRIVER_DATALOADER):
-            if (
-                step.source is not None
-                and step.source == self._source_id
-                and not (step.saw_forward or step.saw_backward or step.saw_optimizer)
-                and self._source() is None
-            ):
-                # A loop left with ``break`` after one more fetch (Fabric's
-                # ``limit_batches`` check): that batch feeds no step, and the time until
-                # this loop (an epoch-end log's ``.item()``) lies between steps, as after
-                # a loader's end.
-                self.phases.discard()
-            if self.phases.step is not None:
-                self._close(token, now)  # a framework or manual driver keeps its step
-        if self.on_loop is not None:
-            self.on_loop()
-        return token, now
+        return self._loader_steps.iter_begin(kind)
 
     def loader_opened(self, loader: Any) -> None:
         self.facts.loader(loader)
 
     def loader_next_begin(self, iterator: Any, started_at: tuple | None = None) -> bool:
-        """A DataLoader iterator's ``__next__`` was entered; True if recording."""
         mode = self.mode
         if mode is not None:
             return mode.loader_next_begin(iterator, started_at)
-        phases = self.phases
-        if self.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
-            return phases.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
-        step = phases.step
-        # A new batch: the same loader again, or another loader once the piece holds
-        # work other than a training forward still waiting for its backward. Otherwise
-        # another wait of the same step: zip(loader_a, loader_b), or a second loader
-        # read mid-iteration (a target-domain batch after the source forward).
-        new = (
-            step is None
-            or step.source == id(iterator)
-            or (
-                has_work(step)
-                and (step.source is None or step.saw_backward or step.saw_optimizer or not step.train_forward)
-            )
-        )
-        if not new:
-            return phases.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
-        self.driver = DRIVER_DATALOADER
-        token, now = phases.stamp()
-        if step is not None:
-            self._close(token, now)  # the next step begins where this one ends
-        elif started_at is not None and now - started_at[2] < _ITER_GAP_NS:
-            # ``for batch in loader``: the iterator's start-up (workers) counts in the
-            # first wait -- not when the iterator was made long before its first batch.
-            token, now = started_at[0], started_at[1]
-        # Only the iterator's id is kept: holding the iterator would keep its worker
-        # processes alive after the user's loop let go of it (and fork copies of it).
-        # A weak reference tells whether the loop let go of it (loader_iter_begin).
-        if self._source() is not iterator:
-            self._source_id = id(iterator)
-            self._source = weakref.ref(iterator)
-        step = self._new_step(id(iterator), getattr(iterator, "_otel_epoch", None))
-        phases.push(step, token, now)
-        phases.open(sc.PHASE_DATALOADER_NEXT, True, 0)
-        self._learn_in -= 1
-        if not self._learn_in:
-            self.repeats.begin()
-        return True
+        return self._loader_steps.next_begin(iterator, started_at)
 
     def loader_next_end(self, batch: Any) -> None:
         mode = self.mode
         if mode is not None:
             return mode.loader_next_end(batch)
-        phases = self.phases
-        step = phases.step
-        if step is None:
-            return
-        phases.end_phase(sc.PHASE_DATALOADER_NEXT)
-        if step.batch_size is None:
-            read_batch(batch, step)
-        self._fetched = step
-        if not phases.stack:
-            phases.to_device_from = len(step.marks) - 1
-
-    def repeated_piece_ended(self, step: StepTimeline, now: int) -> None:
-        """The repeat mode finished ``step`` at ``now`` from its template: handed on,
-        and the next piece begins at the same instant."""
-        self._fetched = step
-        self.phases.step = None
-        self.phases.hand_on(step, now)
-        new = StepTimeline(-1, step.epoch, step.source)
-        new.marks.append(now)
-        self.phases.step = new
+        self._loader_steps.next_end(batch)
 
     def loader_stopped(self, wrapped: bool = False) -> None:
-        """``__next__`` raised StopIteration: a piece with only that wait is no
-        step, nor part of one (no batch came of it: the time lies between steps).
-        ``wrapped``: in a watched wrapper's loop (record/loop_wrappers.py), which may
-        still hand out a batch fetched ahead: the piece stays for it until ``loop_ended``."""
         self._settle()
-        if self.on_loop is not None:  # what runs after a loop may call a model not seen yet
-            self.on_loop()
-        step = self.phases.step
-        if step is None:
-            return
-        if not wrapped and step.source is not None and not has_work(step) and self.driver == DRIVER_DATALOADER:
-            self.phases.discard()
-            return
-        self.phases.end_phase(sc.PHASE_DATALOADER_NEXT)
-        last = self._fetched
-        if wrapped and step.batch_size is None and last is not None and last is not step:
-            # The batch the loop hands out last was fetched by the piece before: its size.
-            step.batch_size, step.token_count, step.token_masks = last.batch_size, last.token_count, last.token_masks
+        self._loader_steps.stopped(wrapped)
 
     def loop_ended(self) -> None:
-        """A watched wrapper's loop ended (its generator returned): the open piece ends
-        here, as at a DataLoader's end; a piece with only waits is no step."""
         self._settle()
-        step = self.phases.step
-        if step is not None and self.driver == DRIVER_DATALOADER:
-            if has_work(step):
-                self._close(*self.phases.stamp())
-            else:
-                self.phases.discard()
-        if self.on_loop is not None:  # what runs after a loop may call a model not seen yet
-            self.on_loop()
+        self._loader_steps.loop_ended()
 
     # ---------------------------------------------------------------------- compute
     def forward_begin(self, root: Any = None, loss: bool = False) -> None:
-        """A root module's forward began (``root``: that module; ``loss``: it has no
-        parameters, a loss module)."""
         mode = self.mode
         if mode is not None:
             return mode.forward_begin(root, loss)
-        phases = self.phases
-        step = phases.step
-        driver = self.driver
-        if step is None:
-            # No piece open: a loop without a DataLoader (or code after a DataLoader
-            # loop ended) -- pieces are cut at forwards. Inside a manual step() loop,
-            # time outside step() belongs to no step.
-            if driver != DRIVER_NONE and driver != DRIVER_DATALOADER:
-                return
-            fresh = True
-        elif step.saw_forward or step.saw_backward or step.saw_optimizer:
-            stack = phases.stack
-            top = stack[-1] if stack else None
-            if top is not None and top is phases.batch and root is not self._forward_root:
-                last = step.phases[-1]
-                if loss and last.name == _FORWARD and last.outer is top and last.end == len(step.marks) - 1:
-                    # A loss module right after the last forward (nothing timed in
-                    # between): the same forward goes on -- one phase, no new mark.
-                    # (A model -- the same RNN cell again, a critic after the actor, a
-                    # value network after the env step -- is a forward of its own.)
-                    last.end = -1
-                    stack.append(last)
-                    self._last_root = root
-                    if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
-                        step.train_forward = True
-                    return
-            if top is not None and top.name == _BACKWARD:
-                return  # a checkpointed segment recomputed by the backward pass: part of it
-            fresh = (
-                (driver == DRIVER_NONE or driver == DRIVER_DATALOADER)
-                and not self._optimizer_steps.pending
-                and self._cuts(step, root)
-            )
-        else:
-            fresh = False
-        if fresh:  # a piece cut here begins with this forward
-            self.start_step(DRIVER_NONE)
-            step = phases.step
-            phases.batch = phases.open(BATCH, True, 0)
-            phases.open(_FORWARD, True, 0)
-        elif phases.to_device_from >= 0 and not phases.stack:
-            rec = PhaseRecord(sc.PHASE_TO_DEVICE, sc.SPAN_STEP, phases.to_device_from, True)
-            rec.end = at = phases.mark()
-            step.phases.append(rec)
-            phases.to_device_from = -1
-            phases.batch = phases.open(BATCH, True, at)
-            phases.open(_FORWARD, True, at)
-        elif not phases.begin_phase(_FORWARD, auto=True):
-            return
-        self._forward_root = self._last_root = root
-        if self._step_root is None:
-            self._step_root = root
-        step.saw_forward = True
-        if not step.train_forward and self._grad_enabled() and getattr(root, "training", True):
-            step.train_forward = True
+        self._forward_steps.begin(root, loss)
 
     def forward_inputs(self, root: Any, args: tuple, kwargs: dict | None) -> None:
-        """Samples and tokens of each forward of the step's first root when no DataLoader
-        drives (nanoGPT's ``model(x, y)``), outside optimizer steps (LBFGS closures)."""
         self._settle()
-        step = self.phases.step
-        if (
-            step is not None
-            and root is self._step_root
-            and not self._optimizer_steps.pending
-            and not self.in_backward()
-        ):
-            read_inputs(args, kwargs, step)
+        self._forward_steps.inputs(root, args, kwargs)
 
-    def _cuts(self, step: StepTimeline, root: Any) -> bool:
-        """Whether a root forward (not continuing the last) begins a new piece;
-        ``step`` already holds work."""
-        if self._forward_boundary:
-            return True
-        if step.saw_optimizer:
-            # After an update: the next iteration, an eval forward, or another
-            # optimizer's part of the iteration (a GAN's G: the assembler merges it).
-            return True
-        if step.saw_backward:  # accumulation, unless each backward is a step
-            return self.assembler.per_backward
-        if self.driver != DRIVER_NONE or step.train_forward:
-            return False  # a rollout, a target network under no_grad, the loss module
-        # Eval forwards: a root that already ran in the piece begins the next batch.
-        return (
-            root is self._step_root
-            or root is self._last_root
-            or (self._grad_enabled() and getattr(root, "training", True))
-        )
+    def optimizer_running(self) -> bool:
+        """Whether an optimizer step is under way (its closure's forward and backward)."""
+        return bool(self._optimizer_steps.pending)
 
     def in_backward(self) -> bool:
         """Whether a backward pass is running: activation checkpointing recomputes its
