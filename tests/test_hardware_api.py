@@ -74,6 +74,21 @@ def test_never_raises(caplog):
     assert any("setup failed" in r.getMessage() for r in caplog.records)
 
 
+def test_started_again_on_the_same_provider_the_gauges_report_the_new_sampler(provider, tmp_path):
+    """The SDK gives the same meter back and keeps a gauge's first callbacks: after a
+    shutdown (uninstrument) and a start again, the new sampler's values go out."""
+    provider, reader = provider
+    for _ in range(2):
+        hw = start_hardware_metrics(provider, Config(), host_name="h", lock_path=str(tmp_path / "l"),
+                                    start=False, gpu=False)
+        hw.collect_once()
+        time.sleep(0.05)
+        hw.collect_once()
+        assert "system.cpu.utilization" in names(reader)
+        hw.shutdown()
+        assert names(reader) == set()
+
+
 def test_a_failing_read_does_not_escape_the_callback(provider, tmp_path, monkeypatch, caplog):
     provider, reader = provider
     hw = start_hardware_metrics(provider, Config(), host_name="h", lock_path=str(tmp_path / "l"),
