@@ -230,7 +230,8 @@ def test_a_rank_started_by_torch_multiprocessing_spawn_stays_instrumented(tmp_pa
 # nothing in a spawned child; package holds the torch floor it reads. The runtime package
 # loads its Runtime only when first used.
 HELD_MODULES = {"otel_training", "otel_training.distro", "otel_training.runtime", "otel_training.runtime.processes",
-                "otel_training.version", "otel_training.preflight", "otel_training.package"}
+                "otel_training.version", "otel_training.preflight", "otel_training.package",
+                "otel_training.semconv"}  # (names only: the distro's resource attribute names)
 
 
 def _assert_set_up_nothing(worker: dict) -> None:

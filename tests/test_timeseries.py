@@ -32,7 +32,7 @@ def _timeline(index: int, start: int, rng: random.Random, user: str) -> StepTime
     batch.end = 4
     kids = []
     for name, (a, b) in (("forward", (1, 2)), ("backward", (2, 3)), ("optimizer_step", (3, 4))):
-        rec = PhaseRecord(name, "batch", a, True, up=batch)
+        rec = PhaseRecord(name, "batch", a, True, outer=batch)
         rec.end = b
         kids.append(rec)
     mine = PhaseRecord(user, "step", 4, False)

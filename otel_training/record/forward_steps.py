@@ -14,10 +14,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from otel_training import semconv as sc
+from otel_training.config import BOUNDARY_FORWARD
 from otel_training.record.batches import read_inputs
 from otel_training.record.events import DRIVER_DATALOADER, DRIVER_NONE
 from otel_training.record.phase_stack import BATCH, PhaseStack, grad_enabled
-from otel_training.record.step_assembly import BOUNDARY_FORWARD, StepAssembler
+from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline
 
 _FORWARD = sc.PHASE_FORWARD

@@ -67,24 +67,6 @@ class Tracker:
         """The piece being recorded (read from any thread)."""
         return self.phases.step
 
-    @property
-    def after_step(self) -> Callable[[], None] | None:
-        """Called after each piece is handed on."""
-        return self.phases.after_step
-
-    @after_step.setter
-    def after_step(self, callback: Callable[[], None] | None) -> None:
-        self.phases.after_step = callback
-
-    @property
-    def memory(self) -> Any:
-        """A MemoryReader (record/memory.py), read at step ends when due."""
-        return self.phases.memory
-
-    @memory.setter
-    def memory(self, reader: Any) -> None:
-        self.phases.memory = reader
-
     def on_training_thread(self, bind: bool = False) -> bool:
         """True on the thread we track. Until one is known, the main thread is it;
         another thread becomes it only through compute (``bind``: a forward, a

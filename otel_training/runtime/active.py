@@ -145,7 +145,7 @@ class Runtime(ProcessEvents):
         tracker = self.tracker
         self.module_hooks = handles.add(RootModuleHooks(tracker, self.on_error))
         self.module_hooks.arm()
-        tracker.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
+        tracker.phases.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
         # A new loop often brings a new model (a checkpoint loaded for evaluation, an
         # EMA copy): discovery watches its first step, so its first forward is seen.
         tracker.on_loop = self.module_hooks.arm
@@ -222,7 +222,7 @@ class Runtime(ProcessEvents):
 
     def _unhook_tracker(self) -> None:
         # A later manual step() must not re-arm discovery.
-        self.tracker.after_step = None
+        self.tracker.phases.after_step = None
         self.tracker.on_loop = None
 
     # -- end of run -------------------------------------------------------------------------

@@ -49,7 +49,7 @@ class Perf:
             return hooks is not None and hooks.has_compiled()
 
         self.probe = attach_flop_probe(assembler, submit, self.config, compiled)
-        self.reader = tracker.memory = MemoryReader() if self.config.memory else None
+        self.reader = tracker.phases.memory = MemoryReader() if self.config.memory else None
         self._facts = lambda: tracker.facts.to_dict(assembler.optimizers, compiled())
 
     def summarize(self, summary: dict) -> None:
