@@ -1,4 +1,4 @@
-"""Bad input (issue 6, item 8), as users meet it: real processes under
+"""Bad input, as users meet it: real processes under
 ``opentelemetry-instrument python script.py``. Every malformed setting gets exactly one
 line on stderr that names the variable and what it accepts -- never a traceback -- and
 training goes on wherever the mistake is not fatal.

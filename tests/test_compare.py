@@ -1,4 +1,4 @@
-"""``otel-training compare`` (issue 16) on real runs of ``examples/slow_input_pipeline.py``:
+"""``otel-training compare`` on real runs of ``examples/slow_input_pipeline.py``:
 before/after ``num_workers`` it says improvement, names ``dataloader_next`` and shows
 the step-time delta; two runs of the same configuration say inconclusive. Runs with
 planted step times (a sleep in each step) check the words against the noise and the CI

@@ -1,4 +1,4 @@
-"""Distributed (issue 6, item 6): two ranks under ``opentelemetry-instrument torchrun``
+"""Distributed: two ranks under ``opentelemetry-instrument torchrun``
 (gloo on CPU, rendezvous on loopback) export to a real OTLP receiver.
 
 * every training and self-telemetry data point, and every ``step`` span, carries

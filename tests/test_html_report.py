@@ -1,4 +1,4 @@
-"""The offline HTML report (issue 16): ``report --html`` from summary files (one rank,
+"""The offline HTML report: ``report --html`` from summary files (one rank,
 two ranks merged) and from a real Prometheus, two runs side by side (``compare
 --html``, ``report --html --compare``) and ``demo --html``, each loaded in a real
 headless Chromium from ``file://`` with the network off: the charts render (chart

@@ -1,5 +1,5 @@
 """Numbers a user reads first, on an ordinary loop with an eval pass between training
-epochs (issue 33): each mode's throughput over its own step time (summary, run-end
+epochs: each mode's throughput over its own step time (summary, run-end
 table, report, HTML card and chart agree), ``training.step`` in train numbering with
 eval steps numbered apart, coverage's gaps in train numbering, the FLOP-count step
 named and left out of the step-time statistics, counts that agree with their nouns,

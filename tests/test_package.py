@@ -1,4 +1,4 @@
-"""The package as a user gets it (issue 18): ``python -m build`` makes the sdist and, from
+"""The package as a user gets it: ``python -m build`` makes the sdist and, from
 it, the wheel; ``twine check`` passes; the wheel, installed with the pinned CPU torch into
 a fresh virtual environment that does not see this repository, instruments an unmodified
 script under ``opentelemetry-instrument`` (spans and metrics arrive at a loopback OTLP

@@ -2,9 +2,8 @@
 its own phases.
 
 A step of a layout the pipeline has already been sent gives its phase records up
-before it is queued (``SentLayouts``): queued for 500 ms, they were promoted by the
-garbage collector and brought full collections of the whole process
-(docs/performance.md, "A fifth session").
+before it is queued (``SentLayouts``): queued for 500 ms, they would be promoted by the
+garbage collector and bring full collections of the whole process (docs/performance.md).
 """
 
 from __future__ import annotations

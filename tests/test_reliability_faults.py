@@ -1,4 +1,4 @@
-"""Fault injection (issue 6, item 5): an exception inside any of our wrappers is
+"""Fault injection: an exception inside any of our wrappers is
 contained and counted, never seen by the training loop; the user's own exceptions go
 through our wrappers unchanged and mark the step span as an error."""
 

@@ -1,4 +1,4 @@
-"""Quiet without a Collector (issue 33, item 5), in process: the SDK's export loggers are
+"""Quiet without a Collector, in process: the SDK's export loggers are
 held back while instrumented and given back on uninstrument; a failed export says so in
 one line of ours, with its cause; an export that raises (a gRPC channel our exit-time
 abort closed under it) is a counted failure, not a traceback. The end-to-end runs (real

@@ -1,4 +1,4 @@
-"""A Collector restarted mid-run (issue 6, item 2): a real OTLP/gRPC receiver on
+"""A Collector restarted mid-run: a real OTLP/gRPC receiver on
 loopback is stopped while a training process exports to it, then started again on the
 same port. Export resumes, cumulative series go on from where they were (monotone, same
 start time), nothing crashes, and the spans lost while it was down are counted -- in

@@ -1,4 +1,4 @@
-"""Self-telemetry (issue 6, item 3): spans dropped, export failures and internal errors
+"""Self-telemetry: spans dropped, export failures and internal errors
 are counted where they happen -- on the SDK's own export path -- exported as the
 ``training.telemetry.*`` counters of docs/telemetry.md, and named in the run-end summary."""
 

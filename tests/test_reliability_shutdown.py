@@ -1,4 +1,4 @@
-"""Bounded shutdown (issue 6, item 1), in process: an unreachable or stuck Collector never
+"""Bounded shutdown, in process: an unreachable or stuck Collector never
 holds the end of a run longer than ``OTEL_TRAINING_SHUTDOWN_TIMEOUT``, what could not be
 sent is counted, and SIGTERM runs the same bounded shutdown before the process dies.
 The end-to-end checks (real processes, exit latency, signals) are in

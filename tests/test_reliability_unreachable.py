@@ -1,4 +1,4 @@
-"""A Collector that is not there (issue 6, item 1): real training processes under
+"""A Collector that is not there: real training processes under
 ``opentelemetry-instrument`` exporting to a closed port on loopback exit promptly
 after training -- normally, on SIGTERM and on Ctrl-C -- and say what was lost.
 
@@ -125,7 +125,7 @@ def test_sigterm_flushes_what_was_measured_to_a_live_collector(tmp_path):
         assert any(s.name == "step" for _, s in receiver.spans())
 
 
-# -- quiet (issue 33, item 5): one line of ours, none of the SDK's, never a traceback ---------
+# -- quiet: one line of ours, none of the SDK's, never a traceback ---------
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""DataLoader workers and other child processes (issue 6, item 4).
+"""DataLoader workers and other child processes.
 
 Forked children inherit our hooks and the SDK's state -- and the SDK restarts its
 export threads after a fork -- while spawned children (and the forkserver) run
@@ -223,7 +223,7 @@ def test_a_rank_started_by_torch_multiprocessing_spawn_stays_instrumented(tmp_pa
     assert summary["telemetry"]["errors"] == 0
 
 
-# -- spawned children hold their set-up until the process object arrives (issue 13, item 8) --
+# -- spawned children hold their set-up until the process object arrives --
 
 # What a held child may have loaded of ours: the distro and what it imports, nothing more.
 # preflight (the pre-instrument check, standard library only) runs in every process and says

@@ -1,5 +1,5 @@
 """Behaviour unchanged: a fixed run's exported telemetry, in structure, against a
-golden file recorded from the code before the restructuring (issue 14).
+golden file recorded from an earlier layout of the code.
 
 Durations vary from run to run, so what is compared is everything else: each
 traced step's span tree (names, parents, attribute keys and the discrete

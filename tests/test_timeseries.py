@@ -1,4 +1,4 @@
-"""The summary file's time series (issue 16): bounded whatever the run's length, and
+"""The summary file's time series: bounded whatever the run's length, and
 consistent with the run's totals. The 100 000-step run is fed straight into the
 consumers (records resolved by the real ``Resolver`` from real timelines), not
 trained step by step."""

@@ -1,4 +1,4 @@
-"""OTEL_TRAINING_TRACE_FILE (issue 16): the traced steps as Chrome trace-event JSON.
+"""OTEL_TRAINING_TRACE_FILE: the traced steps as Chrome trace-event JSON.
 
 * a two-rank gloo run under ``opentelemetry-instrument torchrun`` exporting to a real
   OTLP receiver: each rank's file is valid trace-event JSON (``traceEvents``, ``ph``,

@@ -437,7 +437,7 @@ def test_run_section(loop):
     assert run["device"] == "cpu" and run[key] == want, f"{loop.name}: run section {run}"
 
 
-# -- ordinary_epochs: the numbers and advice a user reads first (issue 33) --------------
+# -- ordinary_epochs: the numbers and advice a user reads first --------------
 ORDINARY = "ordinary_epochs"
 RATE_TOLERANCE = 0.10  # samples/s within 10% of the script's own clock (the eval-between-epochs bug: 7x low)
 _TABLE_RATE = re.compile(r"^otel-training: (\w+) — .*, ([\d,.]+) samples/s$")

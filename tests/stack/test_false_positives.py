@@ -1,4 +1,4 @@
-"""The alert mistakes of issue 17 each have a promtool test of their own, and each of
+"""Each known alert mistake has a promtool test of its own, and each of
 those tests can fail: run against the rules as they were before the fix
 (``data/rules-before-issue-17/``, a verbatim copy), every one of them fails -- a
 "false positive" group because the old rule fires where it must stay silent, a
@@ -59,7 +59,7 @@ def _run(prom_bin, tmp_path, rules_dir: Path, group: dict):
 @pytest.mark.parametrize("file, group", GROUPS, ids=[g["name"] for _, g in GROUPS])
 def test_fails_on_the_old_rules_and_passes_on_the_new(prom_bin, tmp_path, file, group):
     old = _run(prom_bin, tmp_path, OLD_RULES, group)
-    assert old.returncode != 0, f"{file}: passes on the rules before issue 17:\n{old.stdout}"
+    assert old.returncode != 0, f"{file}: passes on rules without its fix:\n{old.stdout}"
     report = old.stdout + old.stderr
     if group["name"].startswith("false positive:"):
         # the old rule fired where the test expects silence

@@ -1,4 +1,4 @@
-"""``otel-training stack init`` and ``stack check`` (issue 18): the stack written from the
+"""``otel-training stack init`` and ``stack check``: the stack written from the
 package equals the repository's files, init never overwrites a change unasked, and check
 passes on them and fails with one line on each deliberately broken copy (real promtool
 and amtool where the case needs them)."""

@@ -351,7 +351,7 @@ def test_training_dashboard_panels():
     assert 'training_phase_parent="step"' in exprs
     for needle in ("training_samples", "training_steps", 'training_phase="untracked"',
                    'training_phase="dataloader_next"', "training_gpu_idle", "training_rank",
-                   # throughput, FLOPs/MFU and memory per step (issue 15)
+                   # throughput, FLOPs/MFU and memory per step
                    "training_tokens", "training_flops", "training_mfu_ratio",
                    "training_memory_peak_allocated_bytes", "training_memory_peak_reserved_bytes",
                    "training_memory_allocated_bytes", "training_memory_rss_bytes",
