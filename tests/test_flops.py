@@ -82,7 +82,7 @@ def test_flops_per_step_match_flop_counter_and_the_nanogpt_formula(instrumented)
     assert not tel.points("training.mfu")
     # the probe left the step path once done: steps go straight to the pipeline
     runtime = tel.runtime
-    assert runtime.perf.probe.done and runtime.tracker.assembler._sink == runtime.pipeline.submit
+    assert runtime.measures.probe.done and runtime.tracker.assembler._sink == runtime.pipeline.submit
 
 
 def test_mfu_from_a_given_peak(instrumented):
@@ -129,7 +129,7 @@ def test_flops_per_step_given_and_turned_off(instrumented):
     off = instrumented(flops_per_step=0)
     _, _, _, train = _nanogpt_run(off, iters=4)
     assert "flops" not in train and not off.points("training.flops")
-    assert off.runtime.perf.probe is None
+    assert off.runtime.measures.probe is None
 
 
 def test_a_compiled_model_is_not_counted_with_one_log_line(instrumented, caplog):
@@ -239,7 +239,7 @@ def test_training_steps_that_enter_inference_mode_are_not_counted_with_one_log_l
     assert lines == ["otel-training: FLOPs per step not counted: training steps run in torch.inference_mode() "
                      "(set OTEL_TRAINING_FLOPS_PER_STEP to give the count)"]
     assert "flops" not in tel.runtime.summary_dict()["modes"]["train"]
-    assert tel.runtime.perf.probe.done and torch.inference_mode.__dict__["__enter__"] is enter
+    assert tel.runtime.measures.probe.done and torch.inference_mode.__dict__["__enter__"] is enter
 
 
 @pytest.mark.parametrize("name, dtype, expected", [

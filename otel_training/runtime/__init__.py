@@ -3,7 +3,7 @@ hardware together (``active.py``); ``current()`` finds it.
 
 - ``active.py``: ``Runtime`` (construction, install, uninstall, end of run), ``current()``;
 - ``process_events.py``: fork, spawn, SIGTERM and the main thread's end;
-- ``perf_wiring.py``: throughput, FLOPs and memory per step, wired into each stage;
+- ``measures.py``: throughput, FLOPs and memory per step, wired into each stage;
 - ``processes.py``: which process this is; holds a spawned child's set-up;
 - ``notice.py``: the one line that says why this process is not instrumented.
 

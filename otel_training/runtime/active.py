@@ -29,7 +29,7 @@ from otel_training.handles import Handles
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.runtime import processes
-from otel_training.runtime.perf_wiring import Perf
+from otel_training.runtime.measures import StepMeasures
 from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
 from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from otel_training.version import __version__
@@ -82,7 +82,7 @@ class Runtime(ProcessEvents):
         }
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.trace_file = self._trace_file(config, summary_info, offset)
-        self.perf = Perf(config, meter, common, self.on_error)  # throughput, FLOPs, memory (perf_wiring.py)
+        self.measures = StepMeasures(config, meter, common, self.on_error)  # throughput, FLOPs, memory
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset),
             metrics=StepMetrics(
@@ -100,14 +100,14 @@ class Runtime(ProcessEvents):
             offset=offset,
             trace_file=self.trace_file,
             timeseries=bool(config.summary or config.summary_file),
-            consumers=self.perf.consumers,
+            consumers=self.measures.consumers,
             export_interval_s=export_interval_s(meter_provider),
         )
         self._started_ns = time.perf_counter_ns()
         assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)
         assembler.between_sink = self.pipeline.submit_between  # named time between steps
         self.tracker = Tracker(assembler, self.timer)
-        self.perf.attach(assembler, self.pipeline.submit, self.tracker, lambda: self.module_hooks)
+        self.measures.attach(assembler, self.pipeline.submit, self.tracker, lambda: self.module_hooks)
         self.module_hooks: Any = None  # RootModuleHooks, once installed
         self.handles = Handles()  # every attachment; uninstall removes them in reverse
         self.hardware: Any = None  # HardwareMetrics, when sampling
@@ -243,7 +243,7 @@ class Runtime(ProcessEvents):
         summary["loaders"] = sorted(self.tracker.loaders)  # which advice fits a data-bound run
         summary["coverage"] = coverage.to_dict(self._started_ns)
         summary["self_check"] = coverage.self_check()
-        self.perf.summarize(summary)
+        self.measures.summarize(summary)
         if self.pipeline.timeseries is not None:
             summary["timeseries"] = self.pipeline.timeseries.to_dict()
         return summary
@@ -274,7 +274,7 @@ class Runtime(ProcessEvents):
             self.on_error("shutdown", exc)
         try:
             self.tracker.close()  # steps the assembler still holds
-            self.perf.close()  # a FLOP count still open (the run ended inside it)
+            self.measures.close()  # a FLOP count still open (the run ended inside it)
         except Exception as exc:
             self.on_error("shutdown", exc)
         try:

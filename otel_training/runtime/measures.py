@@ -8,7 +8,7 @@
   tokens and FLOPs (``aggregate/summary.py``);
 - collection: the memory instruments (``export/memory.py``).
 
-``Runtime`` makes one ``Perf`` and calls it at construction, for the summary and at
+``Runtime`` makes one ``StepMeasures`` and calls it at construction, for the summary and at
 shutdown.
 """
 
@@ -22,8 +22,8 @@ from otel_training.record.flops import attach_flop_probe
 from otel_training.record.memory import MemoryReader
 
 
-class Perf:
-    """The parts of one runtime; ``consumers`` go to the pipeline."""
+class StepMeasures:
+    """Throughput, FLOPs and memory of one runtime's steps; ``consumers`` go to the pipeline."""
 
     def __init__(self, config: Any, meter: Any, common: dict, on_error: Callable[[str, BaseException], None]):
         self.config = config
