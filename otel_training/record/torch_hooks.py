@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,8 @@ class TorchHooks:
         self._on_error = on_error
         self._handles = Handles()
         self._loops = LoopWrappers(events, on_error)  # generators wrapping a loader's loop
+        # Loops begun per loader (its epoch numbers), kept here rather than on the user's loader.
+        self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     def install(self) -> TorchHooks:
         """Attach every hook; ``remove()`` undoes them all."""
@@ -98,14 +101,15 @@ class TorchHooks:
             except Exception as exc:
                 on_error("dataloader", exc)
         try:
-            counts = instance.__dict__.setdefault("_otel_epochs", [0])
-            if not counts[0]:  # this loader's first loop: its settings, once
+            epochs = self._epochs
+            epoch = epochs.get(instance, 0)
+            if not epoch:  # this loader's first loop: its settings, once
                 try:
                     events.loader_opened(instance)
                 except Exception as exc:
                     on_error("dataloader", exc)
-            it._otel_epoch = counts[0]
-            counts[0] += 1
+            epochs[instance] = epoch + 1
+            it._otel_epoch = epoch
             if started is not None:
                 it._otel_started = started
         except Exception:
