@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 # and the newest torch release the package supports (the whole suite runs on constraints.txt's).
 CORE_MODULES = frozenset({
     "tests/loops/test_loops.py",
-    "tests/test_steps.py", "tests/test_steady.py", "tests/test_shapes.py", "tests/test_queued_steps.py",
+    "tests/test_steps.py", "tests/test_repeats.py", "tests/test_layouts.py", "tests/test_queued_steps.py",
     "tests/test_phases.py", "tests/test_phases_torch.py", "tests/test_phases_closure.py", "tests/test_attribution.py",
     "tests/test_throughput.py", "tests/test_flops.py", "tests/test_memory.py", "tests/test_compat.py",
     "tests/test_reliability_faults.py", "tests/test_reliability_shutdown.py", "tests/test_reliability_workers.py",

@@ -3,7 +3,7 @@
 Histograms go through a ``HistogramBank`` (binned here, merged into each SDK
 reader's collection) when the SDK set-up allows it exactly, else through the SDK
 instruments. Either way traced steps carry exemplars. Untraced steps are queued
-for the bank a layout run at a time (``metric_shapes.py``, private to this consumer).
+for the bank a layout run at a time (``layout_queues.py``, private to this consumer).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from opentelemetry.context import Context
 from otel_training import semconv as sc
 from otel_training.aggregate.step_record import IDLE_NS, StepRecord
 from otel_training.export.histograms import HistogramBank, Series, bank_for
-from otel_training.export.metric_shapes import LayoutQueues
+from otel_training.export.layout_queues import LayoutQueues
 
 if TYPE_CHECKING:
     from otel_training.aggregate.between import BetweenRecord

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training import semconv as sc
 
+if TYPE_CHECKING:
+    from otel_training.record.tracker import Tracker
 
-def open_phase_seconds(tracker: Any) -> float:
+
+def open_phase_seconds(tracker: Tracker) -> float:
     """Seconds the innermost open phase has lasted (0 without one). The
     ``train_batch``/``eval_batch`` container, which stays open between an update and
     the next step, does not count: only the phases the thread is really in."""
@@ -56,7 +59,7 @@ _OBSERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # meter -> _
 
 def register(
     meter: Any,
-    tracker: Any,
+    tracker: Tracker,
     attributes: dict | None = None,
     on_error: Callable[[str, BaseException], None] | None = None,
 ) -> None:

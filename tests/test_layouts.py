@@ -1,5 +1,5 @@
 """Untraced steps are queued for the histograms a layout run at a time
-(``export/metric_shapes.py``); traced steps one by one, with exemplars. Both give
+(``export/layout_queues.py``); traced steps one by one, with exemplars. Both give
 exactly the same run summary and the same histogram points."""
 
 from __future__ import annotations

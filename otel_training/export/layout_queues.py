@@ -6,7 +6,7 @@ records of one layout, each phase's values form a column: it is converted and
 queued for the histogram bank with C-level calls (``zip``, ``map``), rather than a
 Python loop per phase per step, which was most of the pipeline's cost at short
 steps. The bank bins queued values in bulk later. What comes out is exactly what
-recording each step alone gives (tests/test_shapes.py).
+recording each step alone gives (tests/test_layouts.py).
 """
 
 from __future__ import annotations
