@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training.record.memory import MemoryReader
 from otel_training.record.timeline import PhaseRecord, StepTimeline
 from otel_training.timing.device import DeviceTimer
 
@@ -24,18 +25,18 @@ CHILDREN = frozenset(sc.BATCH_CHILDREN)  # phases that open inside the container
 class PhaseStack:
     """Marks and phase records of the step being recorded."""
 
-    def __init__(self, timer: Any, sink: Callable[[StepTimeline], None], clock=time.perf_counter_ns) -> None:
+    def __init__(self, timer: DeviceTimer, sink: Callable[[StepTimeline], None], clock=time.perf_counter_ns) -> None:
         self.timer = timer
         self.sink = sink  # finished pieces go here (the StepAssembler's ``add``)
         self.after_step: Callable[[], None] | None = None  # called after each piece is handed on
-        self.memory: Any = None  # a MemoryReader (record/memory.py): read at step ends, when due
+        self.memory: MemoryReader | None = None  # read at step ends, when due
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
         # One that is inert for now (``auto`` before the program initializes CUDA, as
         # in a CPU loop on a GPU machine) is asked when a step begins instead of at
         # every boundary: ``waiting_timer``.
         host_only = type(timer).mark is DeviceTimer.mark
-        self.waiting_timer: Any = None if host_only or timer.observes_device else timer
+        self.waiting_timer: DeviceTimer | None = None if host_only or timer.observes_device else timer
         self.timer_mark = None if host_only or self.waiting_timer is not None else timer.mark
         if self.timer_mark is None:
             self.mark = self._mark_host  # type: ignore[method-assign]

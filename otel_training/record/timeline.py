@@ -8,9 +8,13 @@ metrics off the training thread.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training import semconv as sc
+
+if TYPE_CHECKING:
+    from otel_training.record.flops import FlopCount
+    from otel_training.record.memory import MemoryReading
 
 
 class PhaseRecord:
@@ -85,8 +89,8 @@ class StepTimeline:
         self.manual = False  # bounded by the user's step() (never merged with others)
         self.token_count: int | None = None  # token ids in the step's batches (record/batches.py)
         self.token_masks: list | None = None  # attention masks (or their device sums), summed later
-        self.flops: Any = None  # a FlopCount, on the step that ends the count (record/flops.py)
-        self.memory: Any = None  # a MemoryReading taken at the step's end (record/memory.py)
+        self.flops: FlopCount | None = None  # on the step that ends the count (record/flops.py)
+        self.memory: MemoryReading | None = None  # taken at the step's end (record/memory.py)
         # The number the pipeline's ``submit`` gave its layout (its phases' names, parents
         # and marks); a step of a layout seen before travels without its phase records.
         self.layout_id: int | None = None

@@ -31,6 +31,7 @@ from otel_training.record.repeats import LEARN_AFTER, Repeats
 from otel_training.record.run_facts import RunFacts
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline, has_work
+from otel_training.timing.device import DeviceTimer
 
 _FORWARD = sc.PHASE_FORWARD
 _BACKWARD = sc.PHASE_BACKWARD
@@ -43,7 +44,7 @@ class Tracker:
     """Turns hook events on the training thread into step timelines
     (implements ``TrainingEvents``)."""
 
-    def __init__(self, assembler: StepAssembler, timer: Any, clock: Callable[[], int] = time.perf_counter_ns):
+    def __init__(self, assembler: StepAssembler, timer: DeviceTimer, clock: Callable[[], int] = time.perf_counter_ns):
         self.assembler = assembler
         self.phases = PhaseStack(timer, assembler.add, clock)
         self._optimizer_steps = OptimizerSteps(self.phases, assembler.alive)
