@@ -50,12 +50,12 @@ for x, y in torch.utils.data.DataLoader(DS(), batch_size=8):
 
 @pytest.fixture(scope="module")
 def rank_summaries(tmp_path_factory):
-    """Two 'ranks' of a real instrumented run; rank 1 loads data 4x slower."""
+    """Two 'ranks' of a real instrumented run; rank 1 loads data 12x slower."""
     d = tmp_path_factory.mktemp("summaries")
     script = d / "train.py"
     script.write_text(TRAIN)
     procs = []
-    for rank, slow in ((0, "0.002"), (1, "0.008")):
+    for rank, slow in ((0, "0.002"), (1, "0.025")):  # rank 1: ~200 ms a step of data, far above load noise
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), SLOW_S=slow,
                    OTEL_TRAINING_SUMMARY_FILE=str(d / "summary-{rank}.json"),
                    OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_RUN_ID="run-abc",
