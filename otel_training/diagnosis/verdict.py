@@ -20,6 +20,7 @@ from otel_training import semconv as sc
 from otel_training.diagnosis.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
+from otel_training.diagnosis.verdict_ranks import COMMUNICATION_ADVICE, COMMUNICATION_SHARE, communication_findings
 from otel_training.diagnosis.verdict_ranks import straggler_findings as _straggler_findings
 
 # A top-level phase must hold at least this share of step time to be a finding.
@@ -45,6 +46,7 @@ _BUILTIN = {
     sc.PHASE_LR_SCHEDULERS,
     sc.PHASE_FROM_DEVICE,
     sc.PHASE_REDUCE_METRICS,
+    sc.PHASE_COMMUNICATION,
     sc.PHASE_UNTRACKED,
     *sc.BATCH_CHILDREN,
 }
@@ -206,8 +208,12 @@ def diagnose(summary: dict) -> list[Finding]:
     # --- compute ----------------------------------------------------------------------
     findings.extend(_compute_findings(share, phases, gpu, where, mode_name, facts))
 
-    # --- ranks --------------------------------------------------------------------------
-    findings.extend(_straggler_findings(summary.get("ranks") or []))
+    # --- ranks and their waits ------------------------------------------------------------
+    ranks = summary.get("ranks") or []
+    findings.extend(_straggler_findings(ranks))
+    findings.extend(communication_findings(ranks))
+    if len(ranks) < 2:
+        findings.extend(_sync_wait_findings(phases, where))
 
     # --- GPU mostly idle without a dominant host phase ------------------------------
     if gpu_mean is not None and gpu_mean < GPU_IDLE and not findings:
@@ -319,9 +325,38 @@ def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
     return out
 
 
+def _waits_share(phases: dict[tuple, dict]) -> float:
+    """The share of step time in ``communication`` (DDP's gradient sync, anywhere in the tree)."""
+    return sum(float(p.get("share") or 0.0) for (_parent, name), p in phases.items() if name == sc.PHASE_COMMUNICATION)
+
+
+def _sync_wait_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
+    """One rank's view (its own summary): it waits in the gradient sync, for the
+    network or for a slower rank; the ranks' summaries together tell which."""
+    comm = _waits_share(phases)
+    if comm < COMMUNICATION_SHARE:
+        return []
+    return [
+        Finding(
+            "sync_wait",
+            comm,
+            "waiting in gradient sync",
+            f"the exposed gradient synchronization (communication) is {_pct(comm)} {where}: the network, "
+            "or a slower rank this one waits for",
+            [
+                "compare the ranks: otel-training report --summary summary-*.json names a straggler "
+                "(the rank the others wait for) or says communication-bound",
+                *COMMUNICATION_ADVICE,
+            ],
+            phase=sc.PHASE_COMMUNICATION,
+        )
+    ]
+
+
 def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Finding]:
     batch = sc.PHASE_TRAIN_BATCH if mode_name == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
-    tb = share.get(batch, 0.0)
+    # Waiting for other ranks inside the batch (DDP's gradient sync) is no compute.
+    tb = share.get(batch, 0.0) - _waits_share(phases)
     if tb < COMPUTE_SHARE:
         return []
     gpu_mean = gpu.get("mean")
