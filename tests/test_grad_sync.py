@@ -6,7 +6,9 @@ ranks on the CPU), one delay planted per run (tests/scripts/train_ddp_planted.py
   within 30% of the planted delay; nothing is communication-bound;
 * a slow all-reduce on every rank (a comm hook whose future completes late): every
   rank's ``communication`` holds the delay; communication-bound, no straggler;
-* nothing planted: no straggler, not communication-bound.
+* nothing planted: no straggler, not communication-bound;
+* FSDP2 (``fully_shard``), rank 1's loader slow: rank 0 waits in FSDP's collectives
+  (``communication`` under ``forward`` and ``backward``) for the planted delay.
 
 Every rank's forward sleeps 30 ms (its compute), so the planted 80 ms stand far above
 the noise of a loaded machine.
@@ -47,7 +49,10 @@ def _torchrun(tmp, plant: str, *extra: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_sync")
-    return {plant: _torchrun(tmp, plant) for plant in ("loader", "backward", "allreduce", "none")}
+    out = {plant: _torchrun(tmp, plant) for plant in ("loader", "backward", "allreduce", "none")}
+    (tmp / "fsdp").mkdir()
+    out["fsdp"] = _torchrun(tmp / "fsdp", "loader", "--fsdp")
+    return out
 
 
 def _report(files: list[str]) -> dict:
@@ -99,3 +104,14 @@ def test_nothing_planted_names_nothing(runs):
     assert "straggler" not in kinds and "communication_bound" not in kinds, rep["findings"]
     for f in runs["none"]:
         assert _ms(f, "communication") < 0.3 * PLANT_MS
+
+
+def test_fsdp_collectives_are_communication_where_they_block(runs):
+    files = runs["fsdp"]
+    parents = {p["parent"] for p in json.load(open(files[0]))["modes"]["train"]["phases"]
+               if p["name"] == "communication"}
+    assert parents == {"forward", "backward"}, parents
+    waited = _ms(files[0], "communication") - _ms(files[1], "communication")
+    assert 0.7 * PLANT_MS <= waited <= 1.3 * PLANT_MS, waited
+    first = _report(files)["findings"][0]
+    assert first.kind == "straggler" and first.rank == 1 and first.phase == "dataloader_next", first

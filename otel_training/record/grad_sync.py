@@ -12,16 +12,28 @@ the last one to the end of ``backward`` becomes a ``communication`` child of
 
 A comm hook the user registered (``register_comm_hook``) runs as before: its
 all-reduce, compression or waits fall in the same window.
+
+FSDP2 (``fully_shard``): its parameter groups' all-gathers (``unshard``,
+``wait_for_unshard``) and reduce-scatters (``post_backward``, ``finalize_backward``)
+are timed where the training thread calls them, each a ``communication`` child of the
+phase it blocks (``forward`` or ``backward``). On the CPU (gloo) these calls block for
+the collective; on CUDA they mostly enqueue work on FSDP's streams, and the host time
+is what they block the training thread for.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.handles import Handles
 from otel_training.record.events import TrainingEvents
+
+# FSDP2's parameter-group methods that run (and on the CPU wait for) its collectives.
+_FSDP_COLLECTIVES = ("unshard", "wait_for_unshard", "post_backward", "finalize_backward")
+_get_ident = threading.get_ident
 
 
 class GradSync:
@@ -42,7 +54,31 @@ class GradSync:
         except Exception:  # pragma: no cover - torch without distributed
             return self
         self._handles.wrap(DistributedDataParallel, "__init__", self._ddp_init)
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+        except Exception:  # torch without FSDP2
+            return self
+        for name in _FSDP_COLLECTIVES:
+            if hasattr(FSDPParamGroup, name):
+                self._handles.wrap(FSDPParamGroup, name, self._fsdp_collective)
         return self
+
+    def _fsdp_collective(self, wrapped, instance, args, kwargs):
+        """An FSDP2 all-gather or reduce-scatter: its time on the training thread."""
+        events = self._events
+        since = 0
+        try:
+            if events.step is not None and events.thread == _get_ident():
+                since = events.now()
+        except Exception as exc:
+            self._on_error("communication", exc)
+        result = wrapped(*args, **kwargs)
+        if since:
+            try:
+                events.waited(sc.PHASE_COMMUNICATION, since)
+            except Exception as exc:
+                self._on_error("communication", exc)
+        return result
 
     def remove(self) -> None:
         self._handles.remove()
