@@ -7,7 +7,7 @@ for tests/test_grad_sync.py. Plain PyTorch, no OpenTelemetry.
   allreduce  every rank's gradient all-reduce completes ``--plant-ms`` late (a comm hook)
   none       nothing planted
 Every rank's forward sleeps ``--base-ms`` (its compute). ``--fsdp``: ``fully_shard``
-instead of DDP.
+instead of DDP. ``--backend nccl``: one GPU per rank (docs/distributed.md).
 """
 
 import argparse
@@ -47,13 +47,18 @@ def main() -> int:
     p.add_argument("--plant-ms", type=float, default=80.0)
     p.add_argument("--base-ms", type=float, default=30.0, help="every rank's forward sleeps this long (compute)")
     p.add_argument("--fsdp", action="store_true")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: one GPU per rank")
     args = p.parse_args()
 
-    dist.init_process_group("gloo")
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     delay = args.plant_ms / 1e3
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)).to(device)
     base = args.base_ms / 1e3
     model.register_forward_pre_hook(lambda m, a: time.sleep(base))  # the same compute on every rank
     if args.fsdp:
@@ -63,7 +68,7 @@ def main() -> int:
         fully_shard(model)
         net = model
     else:
-        net = nn.parallel.DistributedDataParallel(model)
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         if args.plant == "allreduce":
 
             def slow_allreduce(state, bucket):
@@ -84,6 +89,7 @@ def main() -> int:
     loader = DataLoader(Batches(args.steps, 16, delay if slow_loader else 0.0), batch_size=None)
     steps = 0
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         loss = loss_fn(net(x), y)
         opt.zero_grad()
         loss.backward()
