@@ -101,7 +101,7 @@ def test_a_slow_allreduce_on_every_rank_is_communication_bound(runs):
 def test_nothing_planted_names_nothing(runs):
     rep = _report(runs["none"])
     kinds = _kinds(rep)
-    assert "straggler" not in kinds and "communication_bound" not in kinds, rep["findings"]
+    assert not {"straggler", "communication_bound", "rank_slowdown"} & set(kinds), rep["findings"]
     for f in runs["none"]:
         assert _ms(f, "communication") < 0.3 * PLANT_MS
 

@@ -20,7 +20,13 @@ from otel_training import semconv as sc
 from otel_training.diagnosis.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
-from otel_training.diagnosis.verdict_ranks import COMMUNICATION_ADVICE, COMMUNICATION_SHARE, communication_findings
+from otel_training.diagnosis.verdict_ranks import (
+    communication_findings,
+    rank_series,
+    slowdown_findings,
+    sync_wait_findings,
+    waits_share,
+)
 from otel_training.diagnosis.verdict_ranks import straggler_findings as _straggler_findings
 
 # A top-level phase must hold at least this share of step time to be a finding.
@@ -212,8 +218,9 @@ def diagnose(summary: dict) -> list[Finding]:
     ranks = summary.get("ranks") or []
     findings.extend(_straggler_findings(ranks))
     findings.extend(communication_findings(ranks))
+    findings.extend(slowdown_findings(rank_series(summary, mode_name)))  # each rank against its own best
     if len(ranks) < 2:
-        findings.extend(_sync_wait_findings(phases, where))
+        findings.extend(sync_wait_findings(phases, where))
 
     # --- GPU mostly idle without a dominant host phase ------------------------------
     if gpu_mean is not None and gpu_mean < GPU_IDLE and not findings:
@@ -325,38 +332,10 @@ def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
     return out
 
 
-def _waits_share(phases: dict[tuple, dict]) -> float:
-    """The share of step time in ``communication`` (DDP's gradient sync, anywhere in the tree)."""
-    return sum(float(p.get("share") or 0.0) for (_parent, name), p in phases.items() if name == sc.PHASE_COMMUNICATION)
-
-
-def _sync_wait_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
-    """One rank's view (its own summary): it waits in the gradient sync, for the
-    network or for a slower rank; the ranks' summaries together tell which."""
-    comm = _waits_share(phases)
-    if comm < COMMUNICATION_SHARE:
-        return []
-    return [
-        Finding(
-            "sync_wait",
-            comm,
-            "waiting in gradient sync",
-            f"the exposed gradient synchronization (communication) is {_pct(comm)} {where}: the network, "
-            "or a slower rank this one waits for",
-            [
-                "compare the ranks: otel-training report --summary summary-*.json names a straggler "
-                "(the rank the others wait for) or says communication-bound",
-                *COMMUNICATION_ADVICE,
-            ],
-            phase=sc.PHASE_COMMUNICATION,
-        )
-    ]
-
-
 def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Finding]:
     batch = sc.PHASE_TRAIN_BATCH if mode_name == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
     # Waiting for other ranks inside the batch (DDP's gradient sync) is no compute.
-    tb = share.get(batch, 0.0) - _waits_share(phases)
+    tb = share.get(batch, 0.0) - waits_share(phases)
     if tb < COMPUTE_SHARE:
         return []
     gpu_mean = gpu.get("mean")

@@ -181,3 +181,90 @@ def communication_findings(ranks: list[dict]) -> list[Finding]:
             phase=sc.PHASE_COMMUNICATION,
         )
     ]
+
+
+SLOWDOWN_RATIO = 1.3  # a rank's own work per step in the run's last part, over its best part
+SLOWDOWN_EXCESS = 0.1  # ... by at least this share of its mean step
+_PARTS = 4  # the run's windows (the first left out: warm-up) in this many parts
+
+
+def _own_per_step(cols: dict) -> list[float]:
+    """Own work per step in each window of a timeseries (aggregate/timeseries.py)."""
+    steps, step_s = cols.get("steps") or [], cols.get("step_s") or []
+    wait = cols.get("wait_s") or [0.0] * len(steps)
+    return [(s - w) / n for n, s, w in zip(steps, step_s, wait) if n]
+
+
+def rank_series(summary: dict, mode: str) -> list[tuple]:
+    """``(rank, host, columns)`` of each rank's timeseries for ``mode``: one summary's
+    (a dict per mode) or a report's (a list per rank)."""
+    ts = summary.get("timeseries")
+    if isinstance(ts, dict):
+        return [(summary.get("rank"), summary.get("host"), ts.get(mode))]
+    return [(r.get("rank"), r.get("host"), (r.get("modes") or {}).get(mode)) for r in ts or () if isinstance(r, dict)]
+
+
+def slowdown_findings(series: list[tuple]) -> list[Finding]:
+    """A rank against its own best: its own work per step in the last part of the run
+    well above its best part (a GPU slowly throttling, a host filling up)."""
+    out = []
+    for rank, host, cols in series:
+        own = _own_per_step(cols or {})[1:]
+        if len(own) < 2 * _PARTS:
+            continue
+        size = len(own) // _PARTS
+        parts = [median(own[i * size : (i + 1) * size]) for i in range(_PARTS - 1)] + [
+            median(own[(_PARTS - 1) * size :])
+        ]
+        best, last = min(parts), parts[-1]
+        steps = sum(cols.get("steps") or ()) or 1
+        mean_step = sum(cols.get("step_s") or ()) / steps
+        if best <= 0 or last < SLOWDOWN_RATIO * best or last - best < SLOWDOWN_EXCESS * mean_step:
+            continue
+        where = f" on {host}" if host else ""
+        out.append(
+            Finding(
+                "rank_slowdown",
+                min(1.0, (last - best) / last),
+                f"rank {rank} slowing down" if rank is not None else "slowing down",
+                f"{'rank ' + str(rank) if rank is not None else 'this rank'}{where}: its own work (the step minus "
+                f"its waits) rose from {best * 1e3:.1f} ms per step, its best part of the run, to "
+                f"{last * 1e3:.1f} ms in the last part ({last / best:.2f}x)",
+                [
+                    f"watch the GPU{where} over the run: clocks and throttling (hw_gpu_throttle_ratio), "
+                    "temperature and power; a degrading GPU slows its rank, and in synchronized training, the job",
+                    "check its host for work that grows with the run: other processes, memory pressure "
+                    "(training_memory_* gauges), a cache or a log filling a disk",
+                ],
+                rank=rank,
+            )
+        )
+    return out
+
+
+def waits_share(phases: dict[tuple, dict]) -> float:
+    """The share of step time in ``communication`` (DDP's gradient sync, anywhere in the tree)."""
+    return sum(float(p.get("share") or 0.0) for (_parent, name), p in phases.items() if name == sc.PHASE_COMMUNICATION)
+
+
+def sync_wait_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
+    """One rank's view (its own summary): it waits in the gradient sync, for the
+    network or for a slower rank; the ranks' summaries together tell which."""
+    comm = waits_share(phases)
+    if comm < COMMUNICATION_SHARE:
+        return []
+    return [
+        Finding(
+            "sync_wait",
+            comm,
+            "waiting in gradient sync",
+            f"the exposed gradient synchronization (communication) is {pct(comm)} {where}: the network, "
+            "or a slower rank this one waits for",
+            [
+                "compare the ranks: otel-training report --summary summary-*.json names a straggler "
+                "(the rank the others wait for) or says communication-bound",
+                *COMMUNICATION_ADVICE,
+            ],
+            phase=sc.PHASE_COMMUNICATION,
+        )
+    ]
