@@ -5,11 +5,14 @@ Run it instrumented, with no code change:
     opentelemetry-instrument --service_name basic python examples/train_basic.py
 
 ``--batch-delay-ms`` plants a slow dataset (sleep per batch) and ``--log-delay-ms``
-a slow logging call in user code, so their cost can be seen in the telemetry.
+a slow logging call in user code, so their cost can be seen in the telemetry. Under
+``torchrun`` with several ranks the model is a ``DistributedDataParallel`` (gloo):
+each rank trains on its shard and the gradients are all-reduced every step.
 """
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -49,6 +52,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
     loss_fn = nn.CrossEntropyLoss()
@@ -67,6 +76,8 @@ def main() -> None:
     # The delays as they really happened (sleep overshoots on a busy machine).
     print(json.dumps({"batch_delay_ms": statistics.median(data.slept) * 1e3,
                       "log_delay_ms": statistics.median(logged) * 1e3}))
+    if distributed:
+        dist.destroy_process_group()
     print("done", flush=True)
 
 

@@ -18,6 +18,8 @@ PHASE_OPTIMIZER_STEP = "optimizer_step"
 PHASE_LR_SCHEDULERS = "step_lr_schedulers"
 PHASE_FROM_DEVICE = "from_device"
 PHASE_REDUCE_METRICS = "reduce_metrics"
+# The exposed wait for DDP's gradient sync (and FSDP's collectives): a child of backward.
+PHASE_COMMUNICATION = "communication"
 PHASE_UNTRACKED = "untracked"  # metric only: step time outside every phase
 
 BATCH_CHILDREN = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER_STEP)

@@ -98,8 +98,10 @@ def test_ddp_model_and_user_collectives(instrumented, gloo):
         mean.item()
     steps = tel.steps()
     assert len(steps) == 3
+    # DDP's gradient sync: the wait after the last gradient is communication, inside backward
+    ddp_batch = ("train_batch", (("forward", ()), ("backward", (("communication", ()),)), ("optimizer_step", ())))
     for s in steps:
-        assert s.tree() == ("step", STANDARD[1] + (("reduce_metrics", ()), ("from_device", ()))), s
+        assert s.tree() == ("step", STANDARD[1][:2] + (ddp_batch, ("reduce_metrics", ()), ("from_device", ()))), s
     hooks = tel.runtime.module_hooks
     assert hooks.roots() == [model]  # DDP is the root; the wrapped module is not
     assert not inner._forward_pre_hooks and not inner._forward_hooks

@@ -41,7 +41,12 @@ ENTRY_POINTS = [
     ("otel_training.record.torch_hooks", "_optimizer_post", "optimizer_post"),
     ("otel_training.record.torch_hooks", "_optimizer_init", "optimizer_created"),
     ("otel_training.record.torch_hooks", "<lambda>", "begin_phase"),  # LR schedulers, .item()
-    ("otel_training.record.torch_hooks", "<lambda>", "backward_begin"),
+    ("otel_training.record.torch_hooks", "backward_begin", "backward_begin"),
+    ("otel_training.record.torch_hooks", "backward_end", "end_phase"),
+    ("otel_training.record.grad_sync", "grad_ready", "now"),  # DDP's gradient sync
+    ("otel_training.record.grad_sync", "backward_ended", "waited"),
+    ("otel_training.record.grad_sync", "_fsdp_collective", "now"),  # FSDP2's collectives
+    ("otel_training.record.grad_sync", "_fsdp_collective", "waited"),
     ("otel_training.record.torch_hooks", "wrapper", "end_phase"),
     ("otel_training.record.module_hooks", "_discover", "on_training_thread"),
     ("otel_training.record.module_hooks", "_discover", "in_backward"),
@@ -107,8 +112,8 @@ def _grain_batches():
 
 def training_loop():
     """Everything our hooks wrap: DataLoader, a Grain pipeline, forward, backward,
-    optimizer, LR scheduler, device-to-host reads, the manual API. Returns losses and
-    weights."""
+    optimizer, LR scheduler, device-to-host reads, the manual API, DDP. Returns losses
+    and weights."""
     torch.manual_seed(0)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -135,9 +140,45 @@ def training_loop():
             _ = out.detach().cpu().tolist()
         with otel_training.phase("checkpoint"):  # between epochs: named time between steps
             _ = [p.detach().clone() for p in model.parameters()]
+    losses.extend(_ddp_steps(model, opt))
     with otel_training.step():
         torch.autograd.backward(model(torch.randn(2, 8)).sum())
     return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _ddp_steps(model, opt) -> list:
+    """Two DDP steps and two FSDP2 steps in a one-process gloo group (the gradient
+    sync's hooks)."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    losses = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            ddp = DistributedDataParallel(model)
+            for x, y in DataLoader(make_dataset(16), batch_size=8):
+                loss = F.cross_entropy(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            torch.manual_seed(0)
+            sharded = make_model()
+            fully_shard(sharded)  # FSDP2: its all-gathers and reduce-scatters
+            sharded_opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+            for x, y in DataLoader(make_dataset(16), batch_size=8):
+                loss = F.cross_entropy(sharded(x), y)
+                sharded_opt.zero_grad()
+                loss.backward()
+                sharded_opt.step()
+                losses.append(loss.item())
+        finally:
+            dist.destroy_process_group()
+    return losses
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +255,7 @@ def test_a_fault_in_a_consumer_is_contained_and_the_others_still_get_every_step(
     assert fired and tel.runtime.telemetry.errors["pipeline"] >= 1
     if consumer != "summary":
         train = tel.runtime.summary_dict()["modes"]["train"]
-        assert train["steps"] == 11  # 2 Grain batches, 2 epochs of 4 steps, and the manual one
+        assert train["steps"] == 15  # 2 Grain batches, 2 epochs of 4 steps, 2 DDP steps, 2 FSDP steps and the manual one
         assert {p["name"] for p in train["phases"]} >= {"dataloader_next", "forward", "augment"}
     if consumer != "spans":
         assert tel.spans(), "spans stopped with another consumer's fault"

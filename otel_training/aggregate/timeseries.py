@@ -36,6 +36,8 @@ from otel_training.aggregate.step_record import (
 )
 from otel_training.record.flops import SOURCE_MEASURED
 
+_WAITS = frozenset((sc.PHASE_COMMUNICATION, sc.PHASE_REDUCE_METRICS))
+
 MAX_WINDOWS = 128
 POINTS = 16  # quantile points kept per window
 MAX_PHASES = 12  # phase columns written per mode (the largest); the rest become "other"
@@ -66,6 +68,7 @@ class _Window:
         "points",
         "phases",
         "idle_ns",
+        "wait_ns",
         "seg_first",
         "seg_last",
     )
@@ -82,6 +85,7 @@ class _Window:
         self.points: list[int] = []  # step durations (raw while open, then quantile points)
         self.phases: dict[str, int] = {}
         self.idle_ns = 0
+        self.wait_ns = 0  # waits for other ranks: communication, reduce_metrics (any parent)
 
     def merge(self, other: _Window) -> None:
         self.first = min(self.first, other.first)
@@ -97,12 +101,13 @@ class _Window:
         for name, ns in other.phases.items():
             self.phases[name] = self.phases.get(name, 0) + ns
         self.idle_ns += other.idle_ns
+        self.wait_ns += other.wait_ns
 
 
 class _Series:
     """The windows of one mode."""
 
-    __slots__ = ("width", "windows", "open", "columns", "names", "seg")
+    __slots__ = ("width", "windows", "open", "columns", "names", "seg", "waits")
 
     def __init__(self) -> None:
         self.seg = 0  # uninterrupted runs of the mode so far (another mode ran between them)
@@ -111,10 +116,14 @@ class _Series:
         self.open = _Window()
         self.columns: dict[Layout, list[tuple[int, str]]] = {}  # a layout's top-level phases
         self.names: set[str] = set()
+        self.waits: dict[Layout, list[int]] = {}  # a layout's indices of its waits
 
     def _columns(self, layout: Layout) -> list[tuple[int, str]]:
         cols = self.columns.get(layout)
         if cols is None:
+            waits = [i for i, (name, _parent) in enumerate(layout.keys) if name in _WAITS]
+            if len(self.waits) < 1024:
+                self.waits[layout] = waits
             cols = []
             for i, (name, parent) in enumerate(layout.keys):
                 if parent != sc.SPAN_STEP:
@@ -166,6 +175,8 @@ class _Series:
             sums = list(map(sum, zip(*map(PHASE_NS, group))))
             for j, name in cols:
                 phases[name] = phases.get(name, 0) + sums[j]
+            for j in self.waits.get(layout, ()):
+                w.wait_ns += sums[j]
         untracked = sum(filter(_POSITIVE, map(UNTRACKED_NS, chunk)))  # (C-level: no Python per step)
         if untracked:
             phases[sc.PHASE_UNTRACKED] = phases.get(sc.PHASE_UNTRACKED, 0) + untracked
@@ -207,6 +218,7 @@ class _Series:
         names = ("t", "wall_s", "first_step", "steps", "step_s", "p50_s", "p90_s", "max_s", "samples")
         col: dict[str, list] = {k: [] for k in names}
         idle: list = []
+        wait: list = []
         for w in windows:
             pts = w.points
             col["t"].append(round((w.start + offset) / 1e9, 3))
@@ -219,6 +231,7 @@ class _Series:
             col["max_s"].append(_s(w.max_ns))
             col["samples"].append(w.samples)
             idle.append(_s(w.idle_ns))
+            wait.append(_s(w.wait_ns))
             for name in keep:
                 phases[name].append(_s(w.phases.get(name, 0)))
             rest = sum(ns for name, ns in w.phases.items() if name not in kept)
@@ -228,6 +241,8 @@ class _Series:
         out: dict = {"width": self.width, **col, "phases": phases}
         if any(idle):
             out["gpu_idle_s"] = idle
+        if any(wait):  # a rank's own work per window: step_s minus wait_s
+            out["wait_s"] = wait
         return out
 
 

@@ -23,6 +23,7 @@ _FIXED = {
     sc.PHASE_TO_DEVICE: "#59a14f",
     sc.PHASE_FROM_DEVICE: "#e15759",
     sc.PHASE_REDUCE_METRICS: "#b07aa1",
+    sc.PHASE_COMMUNICATION: "#ff9da7",
     sc.PHASE_LR_SCHEDULERS: "#9c755f",
     sc.PHASE_UNTRACKED: "#bab0ac",
     "other": "#79706e",
@@ -267,6 +268,28 @@ def _rank_charts(prefix, report, grid, bins, mode, colors, xlabel) -> list[dict]
             ],
         }
     )
+    if all("wait_mean_s" in r for r in rows):  # own work: the straggler has the most
+        out.append(
+            {
+                "id": prefix + "rank-own",
+                "title": f"Per-rank own work and waits ({mode}, ms per step)",
+                "kind": "stacked-bars",
+                "categories": out[0]["categories"],
+                "unit": "ms",
+                "series": [
+                    {
+                        "label": "own work",
+                        "color": colors(sc.PHASE_TRAIN_BATCH),
+                        "values": [_ms(max(0.0, r["step_mean_s"] - r["wait_mean_s"])) for r in rows],
+                    },
+                    {
+                        "label": "waiting for other ranks (communication, reduce_metrics)",
+                        "color": colors(sc.PHASE_COMMUNICATION),
+                        "values": [_ms(r["wait_mean_s"]) for r in rows],
+                    },
+                ],
+            }
+        )
     if bins and len(grid.ranks) >= 2:
         xs = list(bins)
         series = []

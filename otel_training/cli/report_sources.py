@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training.diagnosis.verdict_ranks import own_work_parts
 
 SUMMARY_SCHEMA = "otel-training/summary/v1"
 
@@ -93,6 +94,10 @@ def add_rank(
         if parent == sc.SPAN_STEP and step_time:
             own["phases"][name] = total / step_time
             own["phase_mean_s"][name] = total / timed_steps if timed_steps else 0.0
+    if timed_steps:  # own work and waits, seconds per step (diagnosis/verdict_ranks.py)
+        own["wait_mean_s"], own["part_mean_s"] = own_work_parts(
+            [(name, parent, total / timed_steps) for name, parent, total, _count in phases]
+        )
     for name, secs in idle.items():
         agg["gpu_idle_s"][name] = agg["gpu_idle_s"].get(name, 0.0) + secs
     return own

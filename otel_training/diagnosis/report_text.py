@@ -87,6 +87,7 @@ def render_gpus(report: dict) -> list[str]:
 def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
     if len(rows) < 2:
         return []
+    waits = all("wait_mean_s" in r for r in rows)  # own work: the step minus the waits
     body = []
     for r in rows:
         body.append(
@@ -95,12 +96,16 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
                 str(r.get("host") or ""),
                 f"{r['steps']:,}",
                 ms(r["step_mean_s"]),
-                f"{r['throughput_sps']:,.1f}",
             ]
+            + ([ms(r["wait_mean_s"]), ms(max(0.0, r["step_mean_s"] - r["wait_mean_s"]))] if waits else [])
+            + [f"{r['throughput_sps']:,.1f}"]
             + [share_pct(r["phases"].get(p, 0.0)) for p in phases]
         )
+    extra = ["wait ms", "own ms"] if waits else []
     lines = [f"ranks ({mode}):"] + table(
-        ["rank", "host", "steps", "step ms", "samples/s"] + phases, body, set(range(2, 5 + len(phases)))
+        ["rank", "host", "steps", "step ms", *extra, "samples/s"] + phases,
+        body,
+        set(range(2, 5 + len(extra) + len(phases))),
     )
     means = [r["step_mean_s"] for r in rows if r["step_mean_s"]]
     if means:
@@ -111,6 +116,15 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
             f"{slow['step_mean_s'] / min(means):.2f}x the fastest, "
             f"{slow['step_mean_s'] / med:.2f}x the others' median"
         )
+    if waits:
+        own = {id(r): max(0.0, r["step_mean_s"] - r["wait_mean_s"]) for r in rows}
+        slow = max(rows, key=lambda r: own[id(r)])
+        med = median([own[id(r)] for r in rows if r is not slow])
+        if med:
+            lines.append(
+                f"  own work (step minus waits in communication and reduce_metrics): most on rank "
+                f"{slow.get('rank')} ({slow.get('host')}), {own[id(slow)] / med:.2f}x the others' median"
+            )
     return lines
 
 

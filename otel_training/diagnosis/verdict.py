@@ -20,6 +20,13 @@ from otel_training import semconv as sc
 from otel_training.diagnosis.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
+from otel_training.diagnosis.verdict_ranks import (
+    communication_findings,
+    rank_series,
+    slowdown_findings,
+    sync_wait_findings,
+    waits_share,
+)
 from otel_training.diagnosis.verdict_ranks import straggler_findings as _straggler_findings
 
 # A top-level phase must hold at least this share of step time to be a finding.
@@ -45,6 +52,7 @@ _BUILTIN = {
     sc.PHASE_LR_SCHEDULERS,
     sc.PHASE_FROM_DEVICE,
     sc.PHASE_REDUCE_METRICS,
+    sc.PHASE_COMMUNICATION,
     sc.PHASE_UNTRACKED,
     *sc.BATCH_CHILDREN,
 }
@@ -206,8 +214,13 @@ def diagnose(summary: dict) -> list[Finding]:
     # --- compute ----------------------------------------------------------------------
     findings.extend(_compute_findings(share, phases, gpu, where, mode_name, facts))
 
-    # --- ranks --------------------------------------------------------------------------
-    findings.extend(_straggler_findings(summary.get("ranks") or []))
+    # --- ranks and their waits ------------------------------------------------------------
+    ranks = summary.get("ranks") or []
+    findings.extend(_straggler_findings(ranks))
+    findings.extend(communication_findings(ranks))
+    findings.extend(slowdown_findings(rank_series(summary, mode_name)))  # each rank against its own best
+    if len(ranks) < 2:
+        findings.extend(sync_wait_findings(phases, where))
 
     # --- GPU mostly idle without a dominant host phase ------------------------------
     if gpu_mean is not None and gpu_mean < GPU_IDLE and not findings:
@@ -321,7 +334,8 @@ def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
 
 def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Finding]:
     batch = sc.PHASE_TRAIN_BATCH if mode_name == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
-    tb = share.get(batch, 0.0)
+    # Waiting for other ranks inside the batch (DDP's gradient sync) is no compute.
+    tb = share.get(batch, 0.0) - waits_share(phases)
     if tb < COMPUTE_SHARE:
         return []
     gpu_mean = gpu.get("mean")

@@ -76,6 +76,10 @@ class TrainingEvents(Protocol):
     def end_record(self, rec: PhaseRecord | None) -> None:
         """Close exactly ``rec``."""
 
+    def waited(self, name: str, since: int) -> None:
+        """The innermost open phase waited, as phase ``name``, from host ns ``since``
+        (measured by a hook, in hindsight) until now."""
+
     def begin_between(self, name: str) -> PhaseRecord | None:
         """The user's phase ``name`` with no step open: named time between steps."""
 

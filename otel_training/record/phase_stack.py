@@ -184,6 +184,22 @@ class PhaseStack:
         stack.append(rec)
         return rec
 
+    def waited(self, name: str, since: int) -> None:
+        """A child phase ``name`` of the innermost open phase, from host ns ``since``
+        (clamped to the last mark: marks stay in order) to a new mark now."""
+        step = self.step
+        stack = self.stack
+        if step is None or not stack:
+            return
+        marks = step.marks
+        outer = stack[-1]
+        if self.timer_mark is not None:  # (the device token of the past boundary is taken now)
+            step.tokens.append(self.timer_mark())
+        marks.append(max(since, marks[-1]))
+        rec = PhaseRecord(name, outer.name, len(marks) - 1, True, outer)
+        step.phases.append(rec)
+        rec.end = self.mark()
+
     def close_batch(self) -> None:
         batch = self.batch
         if batch is not None and self.stack and self.stack[-1] is batch:

@@ -22,6 +22,7 @@ from otel_training import semconv as sc
 from otel_training.handles import Handles
 from otel_training.record.events import TrainingEvents
 from otel_training.record.foreign_loaders import ForeignLoaders
+from otel_training.record.grad_sync import GradSync
 from otel_training.record.loop_wrappers import LoopWrappers
 
 _FROM_DEVICE_METHODS = ("item", "cpu", "tolist", "numpy")
@@ -60,6 +61,7 @@ class TorchHooks:
     def install(self) -> TorchHooks:
         """Attach every hook; ``remove()`` undoes them all."""
         self._install_data_loading()
+        self._grad_sync = self._handles.add(GradSync(self._events, self._on_error).install())
         self._install_backward()
         self._install_optimizers()
         self._install_lr_schedulers()
@@ -160,11 +162,20 @@ class TorchHooks:
 
     # -- backward -------------------------------------------------------------------------
     def _install_backward(self) -> None:
-        events = self._events
+        events, sync = self._events, self._grad_sync
+        ready = sync.ready
+
+        def backward_begin() -> bool:
+            ready[0] = 0  # (a DDP gradient from a backward pass not recorded)
+            return events.backward_begin()
+
+        def backward_end(_token: Any) -> None:
+            if ready[0]:  # DDP's gradient sync: its wait after the last gradient
+                sync.backward_ended()
+            events.end_phase(sc.PHASE_BACKWARD)
+
         self._handles.wrap_plain(
-            torch.autograd,
-            "backward",
-            self._phase_wrapper("backward", lambda: events.backward_begin(), name=sc.PHASE_BACKWARD),
+            torch.autograd, "backward", self._phase_wrapper("backward", backward_begin, backward_end)
         )
 
     # -- optimizer steps: torch's global hooks, not patches ----------------------------------

@@ -267,6 +267,10 @@ class Tracker:
         self._settle()
         self.phases.end_record(rec)
 
+    def waited(self, name: str, since: int) -> None:
+        self._settle()
+        self.phases.waited(name, since)
+
     def begin_between(self, name: str) -> PhaseRecord | None:
         self._settle()
         return self._between.begin(name)

@@ -1,7 +1,7 @@
 """Run the real instrumented training example and collect its OTLP export.
 
-``examples/train_basic.py`` (plain PyTorch, no OpenTelemetry in it) runs as two
-torchrun ranks (the stack tests run two such jobs at once: ``CONCURRENT``), launched as the README says (``opentelemetry-instrument torchrun ...``,
+``examples/train_basic.py`` (plain PyTorch, no OpenTelemetry in it; DDP over gloo)
+runs as two torchrun ranks (the stack tests run two such jobs at once: ``CONCURRENT``), launched as the README says (``opentelemetry-instrument torchrun ...``,
 so torchrun's launcher process is instrumented too and usually samples the host's
 hardware under its own run id), exporting OTLP/gRPC to a receiver on loopback
 (``tests/otlp_receiver.py``). The hardware sampler reads the fake NVML
@@ -55,6 +55,7 @@ def _env(endpoint: str, tmp: str) -> dict:
         "PYTHONPATH": os.pathsep.join([str(FAKE_GPU_SITE), str(ROOT)]),
         "TMPDIR": tmp,  # the per-host hardware lock: private to this test
         "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",  # the ranks' DDP (gloo) on loopback
     })
     return env
 
