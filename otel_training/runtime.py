@@ -28,6 +28,7 @@ from otel_training.export.metrics import StepMetrics
 from otel_training.export.sdk import export_interval_s
 from otel_training.export.selftelemetry import SelfTelemetry
 from otel_training.export.spans import StepSpans
+from otel_training.goodput import Goodput
 from otel_training.handles import Handles
 from otel_training.perf import Perf
 from otel_training.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
@@ -122,6 +123,7 @@ class Runtime:
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.trace_file = self._trace_file(config, summary_info, offset)
         self.perf = Perf(config, meter, common, self.on_error)  # throughput, FLOPs, memory (perf.py)
+        self.goodput = Goodput(self.on_error)  # the process's wall time by activity (goodput.py)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset, self.telemetry),
             metrics=StepMetrics(
@@ -139,7 +141,7 @@ class Runtime:
             offset=offset,
             trace_file=self.trace_file,
             timeseries=bool(config.summary or config.summary_file),
-            consumers=self.perf.consumers,
+            consumers=(*self.perf.consumers, self.goodput.clock),
             export_interval_s=export_interval_s(meter_provider),
         )
         self._started_ns = time.perf_counter_ns()
@@ -190,6 +192,7 @@ class Runtime:
         tracker.on_loop = self.module_hooks.arm
         handles.on_remove(self._unhook_tracker, "tracker callbacks")
         install_torch_hooks(tracker, handles, self.on_error)
+        self.goodput.install(tracker, handles, self._meter, self._common)
         self.pipeline.start()
         try:
             self.guard = handles.add(ExportGuard(self.telemetry).attach(self.tracer_provider, self.meter_provider))
@@ -318,6 +321,7 @@ class Runtime:
                     if thread.daemon:  # never joined: the atexit handler ends its step
                         return
                     thread.join()
+            self.goodput.end()
             if tracker.step is not None:
                 tracker.finish_step(_ending_exception(True))
         except Exception as exc:
@@ -390,8 +394,9 @@ class Runtime:
         summary["step_boundary"] = self.config.step_boundary
         summary["loaders"] = sorted(self.tracker.loaders)  # which advice fits a data-bound run
         summary["coverage"] = coverage.to_dict(self._started_ns)
-        summary["self_check"] = coverage.self_check()
+        summary["self_check"] = self.goodput.self_check(coverage, self.tracker)
         self.perf.summarize(summary)
+        self.goodput.summarize(summary, self.pipeline.summary)
         if self.pipeline.timeseries is not None:
             summary["timeseries"] = self.pipeline.timeseries.to_dict()
         return summary
@@ -415,6 +420,7 @@ class Runtime:
         def left(share: float = 1.0) -> float:
             return max(0.0, (deadline - time.monotonic()) * share)
 
+        self.goodput.end()
         try:
             if self.tracker.step is not None:
                 self.tracker.finish_step(_ending_exception(final))
@@ -433,6 +439,7 @@ class Runtime:
                 self.on_error("device_timing", exc)
         except Exception as exc:
             self.on_error("shutdown", exc)
+        self.goodput.finish()  # before the last export: it carries the shut-down time
         if self.hardware is not None:
             try:
                 self.hardware.stop_sampling(min(1.0, left(0.25)))

@@ -216,6 +216,12 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
     if cover:
         lines.append("")
         lines.extend(cover)
+    from otel_training.cli.job_render import report_lines  # the goodput bar
+
+    goodput = report_lines(report)
+    if goodput:
+        lines.append("")
+        lines.extend(goodput)
     tel = {k: v for k, v in (report.get("telemetry") or {}).items() if v}
     if tel:
         lines.append("")
@@ -282,6 +288,9 @@ def render_summary(summary: dict) -> str:
         if f.kind == "memory_creep":
             lines.append(f"{f.title}: {f.detail}")
             lines.extend(f"  - {a}" for a in f.advice[:2])
+    from otel_training.cli.job_render import summary_lines  # the goodput bar
+
+    lines.extend(summary_lines(summary))
     return "\n".join(lines)
 
 

@@ -82,6 +82,9 @@ class Tracker(PhaseStack):
         self._between: BetweenSteps | None = None
         self._between_stack: list[PhaseRecord] = []
         self.steady = Steady(self)
+        # Model work seen with no step open (forwards a manual or framework driver left
+        # out, optimizer steps outside steps): evidence of a loop steps do not cover.
+        self.unstepped = 0
 
     # ------------------------------------------------------------------ basics
     def on_training_thread(self, bind: bool = False) -> bool:
@@ -379,6 +382,7 @@ class Tracker(PhaseStack):
             # loop ended) -- pieces are cut at forwards. Inside a manual step() loop,
             # time outside step() belongs to no step.
             if driver != DRIVER_NONE and driver != DRIVER_DATALOADER:
+                self.unstepped += 1
                 return
             fresh = True
         elif step.saw_forward or step.saw_backward or step.saw_optimizer:
@@ -501,6 +505,7 @@ class Tracker(PhaseStack):
         ``frame``: the frame running that ``Optimizer.step`` (the hook's caller)."""
         step = self.step
         if step is None:
+            self.unstepped += 1
             return
         step.updates += 1
         if len(self._alive_optimizers) > 1:  # which ones stepped: does another join?

@@ -1,0 +1,85 @@
+"""Goodput: the whole process's wall time by activity, wired together.
+
+- training thread: checkpoint calls and compilations timed into an ``ActivityLog``
+  (``record/activities.py``);
+- pipeline thread: the ``JobClock`` (``aggregate/job.py``), a consumer of steps and
+  named time between steps, splits the process's wall time into activities;
+- collection: ``training.job.time`` and ``training.goodput`` (``export/job.py``).
+
+``Runtime`` makes one ``Goodput`` before its pipeline (the clock is one of its
+consumers), installs it with the other hooks, marks the end when the program's code
+returns, finishes it once the pipeline has stopped, and adds its ``job`` section to
+the summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_training.aggregate.job import JobClock, process_start_ns
+from otel_training.record.activities import Activities, ActivityLog
+
+
+class Goodput:
+    """The activity log, the clock and its instruments of one runtime."""
+
+    def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
+        now = time.perf_counter_ns()
+        started, source = process_start_ns(now)
+        if started is None:  # no procfs nor psutil: from when instrumentation began
+            started, source = now, "instrumentation"
+        self.log = ActivityLog()
+        self.clock = JobClock(started, self.log, source)
+        self.activities: Activities | None = None
+        self._on_error = on_error
+
+    def install(self, tracker: Any, handles: Any, meter: Any, attributes: dict) -> None:
+        """Time checkpoints and compilations on ``tracker``'s thread (removed with
+        ``handles``) and register the instruments on ``meter``."""
+        try:
+            self.activities = handles.add(Activities(tracker, self.log, self._on_error))
+            self.activities.install()
+        except Exception as exc:  # steps are timed all the same; the activities count as their surroundings
+            self._on_error("activities", exc)
+        try:
+            from otel_training.export import job
+
+            job.register(meter, self.clock, attributes, self._on_error)
+        except Exception as exc:
+            self._on_error("metrics", exc)
+
+    def end(self) -> None:
+        """The program is exiting: its wall time ends here (the first call counts)."""
+        try:
+            self.clock.end()
+        except Exception as exc:
+            self._on_error("shutdown", exc)
+
+    def finish(self) -> None:
+        """Every step is in: the time after the last one is accounted."""
+        try:
+            self.clock.end()
+            self.clock.finish()
+        except Exception as exc:
+            self._on_error("shutdown", exc)
+
+    def summarize(self, summary: dict, run_summary: Any) -> None:
+        """Add the ``job`` section (after the first step) to a run summary."""
+        try:
+            durations, steps = run_summary.step_durations("train")
+            job = self.clock.to_dict(durations, steps)
+            if job is not None:
+                summary["job"] = job
+        except Exception as exc:
+            self._on_error("summary", exc)
+
+    def self_check(self, coverage: Any, tracker: Any) -> list[dict]:
+        """The coverage self-check, with checkpoint and compile time between steps
+        accounted for, and low coverage only where model work ran outside steps."""
+        try:
+            return coverage.self_check(self.clock.between_activity_ns(), getattr(tracker, "unstepped", None))
+        except Exception as exc:
+            self._on_error("summary", exc)
+            return coverage.self_check()
