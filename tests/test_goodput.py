@@ -79,6 +79,19 @@ def test_every_nanosecond_of_the_process_in_one_activity():
     assert list(job["activities"])[:7] == ["startup", "compile", "train", "eval", "checkpoint", "other", "shutdown"]
 
 
+def test_contiguous_batches_add_up_as_step_by_step():
+    """The usual batch (one mode, no gap, no interval) is added in bulk; any other step
+    by step: the totals are the same."""
+    c = clock_with()
+    c.add([step(10, 20)])
+    c.add([step(20, 30, number=1), step(30, 40, number=2)])  # in bulk
+    c.log.add(Interval(CHECKPOINT, 42 * MS, 44 * MS, "torch.save", SAVE))
+    c.add([step(40, 50, number=3), step(50, 60, number=4)])  # an interval inside
+    c.add([step(60, 70, "eval"), step(70, 80, number=5)])  # two modes
+    c.add([step(80, 90, number=6), step(91, 95, number=7)])  # a gap
+    assert ms(c) == {"startup": 10, "train": 72, "checkpoint": 2, "eval": 10, "other": 1}
+
+
 def test_time_after_the_last_step_is_shutdown_and_becomes_other_when_a_step_follows():
     c = clock_with()
     c.add([step(10, 20)])
