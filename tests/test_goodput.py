@@ -18,7 +18,14 @@ from torch.utils.data import DataLoader, Dataset
 import otel_training
 from otel_training.aggregate.job import JobClock, slow_steps
 from otel_training.cli.job_findings import job_findings
-from otel_training.cli.job_render import bar, compare_job, goodput_lines, summary_lines
+from otel_training.cli.job_render import (
+    bar,
+    compare_job,
+    goodput_lines,
+    jobs_from_deltas,
+    report_lines,
+    summary_lines,
+)
 from otel_training.export import job as job_export
 from otel_training.record.activities import (
     BACKWARD,
@@ -273,6 +280,15 @@ def test_the_goodput_bar_and_its_lines():
     assert any(ln.startswith("goodput: start-up-bound") for ln in table), table
     cmp = compare_job({"job": [job]}, {"job": [_job(startup=1.0, train=6.0)]})
     assert cmp["goodput"]["delta"] == pytest.approx(6.0 / 7.0 - job["goodput"])
+
+
+def test_a_job_section_per_process_from_prometheus_increases():
+    deltas = {("i0", "h", "0", "train"): 30.0, ("i0", "h", "0", "startup"): 10.0, ("i0", "h", "0", "upload"): 10.0,
+              ("i1", "h", "1", "train"): 45.0, ("i1", "h", "1", "other"): 5.0, ("i1", "h", "1", "eval"): 0.0}
+    jobs = jobs_from_deltas(deltas)
+    assert [(j["rank"], j["wall_s"], j["goodput"]) for j in jobs] == [(0, 50.0, 0.6), (1, 50.0, 0.9)]
+    assert jobs[0]["named"] == ["upload"] and jobs[0]["activities"]["upload"] == 10.0
+    assert "job goodput: 75.0% (mean over 2 ranks)" in "\n".join(report_lines({"job": jobs}))
 
 
 # -- found without code changes: in a real loop ----------------------------------------------

@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 
 from otel_training import semconv as sc
+from otel_training.cli.job_render import jobs_from_deltas
 from otel_training.cli.report_sources import ReportError, add_rank, finish_modes
 
 
@@ -226,6 +227,10 @@ class PrometheusReport:
             ),
             "telemetry": tel,
             "memory": self._memory(sel),
+            # per process, the wall time by activity over the range (cli/job_render.py)
+            "job": jobs_from_deltas(
+                self._deltas("training_job_time_seconds_total", sel, _RANK_LABELS + ("training_activity",))
+            ),
         }
 
     def _over_time(self, fn: str, metric: str, sel: str, by: tuple[str, ...]) -> dict[tuple, float]:
