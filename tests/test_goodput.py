@@ -448,3 +448,29 @@ def test_low_coverage_still_speaks_where_model_work_ran_outside_steps(instrument
     summary = tel.runtime.summary_dict()
     assert [f["kind"] for f in summary["self_check"]] == ["low_coverage"], summary["self_check"]
     assert "model work ran outside steps" in summary["self_check"][0]["cause"]
+
+
+def test_report_compare_and_the_html_page_show_the_goodput(instrumented, tmp_path, capsys):
+    import json
+
+    from otel_training.cli import main
+
+    path = tmp_path / "run.json"
+    tel = instrumented(summary_file=str(path))  # written at the end, with the run's time series
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(make_dataset(32), batch_size=8):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    torch.save(model.state_dict(), SlowDisk())
+    tel.uninstrument()
+    assert main(["report", "--summary", str(path), "--html", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    assert "goodput: " in out and "checkpoints: 1 save" in out, out
+    page = (tmp_path / "r.html").read_text()
+    assert "Goodput: the wall time by activity" in page and 'class="goodput"' in page
+    assert main(["compare", str(path), str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["job"]["goodput"]["delta"] == 0.0
+    assert main(["compare", str(path), str(path)]) == 0
+    assert "goodput: A " in capsys.readouterr().out
