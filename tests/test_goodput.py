@@ -474,3 +474,12 @@ def test_report_compare_and_the_html_page_show_the_goodput(instrumented, tmp_pat
     assert result["job"]["goodput"]["delta"] == 0.0
     assert main(["compare", str(path), str(path)]) == 0
     assert "goodput: A " in capsys.readouterr().out
+
+
+def test_a_step_still_open_when_the_code_returned_ends_the_wall_time():
+    c = clock_with()
+    c.end(25 * MS)  # the main thread's code returned; its open step ends just after
+    c.add([step(10, 30)])
+    c.finish()
+    job = c.to_dict()
+    assert job["wall_s"] == pytest.approx(0.030) and sum(job["activities"].values()) == pytest.approx(0.030)

@@ -196,7 +196,8 @@ class JobClock:
                 return
             if self._end is None:
                 self._end = time.perf_counter_ns()
-            end = self._end
+            # A step still open when the program's code returned ends after that instant.
+            end = self._end = max(self._end, self._cursor)
             between = self._between_activity  # (the self-check looks inside the loop only)
             if end > self._cursor:
                 self._unnamed(self._cursor, end)

@@ -6,7 +6,8 @@ ends; the pipeline's ``JobClock`` (aggregate/job.py) takes its time out of the s
 or the time between steps it lies in. Nothing here runs on the per-step path: the
 wrappers run only when the user's program calls a checkpoint function, and
 compilation is announced by torch's own compile events
-(``torch._dynamo.callback``, the same events its compile-time counters time).
+(``torch._dynamo.callback``, the same events its compile-time counters time), listened
+to from when ``torch.compile`` imports dynamo.
 
 Checkpoint functions: ``torch.save``/``torch.load``; ``torch.distributed.checkpoint``'s
 ``save``, ``async_save`` (the blocking part: staging), ``load`` and the older
@@ -79,6 +80,10 @@ FRAMEWORKS: dict[str, tuple[tuple[str, str, str, str], ...]] = {
     ),
 }
 _HOOKS = ModuleHooks(FRAMEWORKS, CHECKPOINT)
+# torch's compile events, once dynamo is imported (by torch.compile): importing it here
+# would add seconds to every instrumented process's start-up.
+_COMPILE_EVENTS = "torch._dynamo.callback"
+_COMPILE_HOOKS = ModuleHooks((_COMPILE_EVENTS,), COMPILE)
 
 
 class Interval(NamedTuple):
@@ -139,20 +144,21 @@ class Activities:
         for label, name in (("torch.save", "save"), ("torch.load", "load")):
             self._patches.wrap(torch, name, self._timed(label, SAVE if name == "save" else LOAD))
         _HOOKS.install(self, self._on_module, self._on_error)
-        self._register_compile_events()
+        _COMPILE_HOOKS.install(self, self._register_compile_events, self._on_error)
         return self
 
     def remove(self) -> None:
         _HOOKS.remove(self)
+        _COMPILE_HOOKS.remove(self)
         self._patches.remove()
         handler, self._callbacks = self._callbacks, None
         if handler is not None:
-            for remove, callback in (
-                (handler.remove_start_callback, self._compile_start),
-                (handler.remove_end_callback, self._compile_end),
+            for callbacks, callback in (
+                (handler.start_callbacks, self._compile_start),
+                (handler.end_callbacks, self._compile_end),
             ):
                 try:
-                    remove(callback)
+                    callbacks.remove(callback)  # (what remove_start_callback does, in every release)
                 except ValueError:  # cleared by someone else
                     pass
 
@@ -231,12 +237,11 @@ class Activities:
         return wrapper
 
     # -- compilation -------------------------------------------------------------------
-    def _register_compile_events(self) -> None:
-        try:
-            from torch._dynamo.callback import callback_handler
-        except Exception:  # a torch without dynamo: nothing compiles
+    def _register_compile_events(self, module: Any) -> None:
+        """``torch._dynamo.callback`` was imported: time compilations from now on."""
+        handler = getattr(module, "callback_handler", None)
+        if handler is None or self._callbacks is not None:
             return
-        handler = callback_handler
         handler.register_start_callback(self._compile_start)
         handler.register_end_callback(self._compile_end)
         self._callbacks = handler
