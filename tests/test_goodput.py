@@ -483,3 +483,24 @@ def test_a_step_still_open_when_the_code_returned_ends_the_wall_time():
     c.finish()
     job = c.to_dict()
     assert job["wall_s"] == pytest.approx(0.030) and sum(job["activities"].values()) == pytest.approx(0.030)
+
+
+def test_a_fault_in_the_job_clock_is_contained_and_the_rest_of_the_summary_stays(instrumented, monkeypatch):
+    def broken(self, *args):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(JobClock, "add", broken)
+    monkeypatch.setattr(JobClock, "add_between", broken)
+    monkeypatch.setattr(JobClock, "to_dict", broken)
+    tel = instrumented()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(make_dataset(32), batch_size=8):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    with otel_training.phase("upload"):
+        time.sleep(0.01)
+    tel.uninstrument()
+    summary = tel.runtime.summary_dict()
+    assert summary["modes"]["train"]["steps"] == 4 and "job" not in summary
+    assert sum(tel.runtime.telemetry.errors.values()) >= 2
