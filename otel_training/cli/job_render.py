@@ -69,6 +69,8 @@ def legend(job: dict) -> str:
     wall = float(job.get("wall_s") or 0.0)
     parts = []
     for k, s in _ordered(job):
+        if s < 0.005 and (wall <= 0 or s / wall < 0.005):
+            continue  # (neither its seconds nor its share would show)
         share = f" {100 * s / wall:.0f}%" if wall > 0 else ""
         parts.append(f"{SYMBOLS.get(k, NAMED)} {k} {_s(s)}{share}")
     return ", ".join(parts)
