@@ -175,7 +175,10 @@ class Activities:
         tracker = self._tracker
         if tracker.step is None:
             return False
-        stack: Any = getattr(tracker, "_stack", None)
+        # The open phases: the tracker's phase stack (``phases.stack``), or its own list.
+        stack: Any = getattr(getattr(tracker, "phases", None), "stack", None)
+        if stack is None:
+            stack = getattr(tracker, "_stack", None)
         return bool(stack) and stack[-1].name == sc.PHASE_DATALOADER_NEXT
 
     # -- checkpoints -------------------------------------------------------------------
