@@ -79,7 +79,9 @@ class Goodput:
         """The coverage self-check, with checkpoint and compile time between steps
         accounted for, and low coverage only where model work ran outside steps."""
         try:
-            return coverage.self_check(self.clock.between_activity_ns(), getattr(tracker, "unstepped", None))
+            # (kept by the tracker, or by its phase stack where the step state lives apart)
+            unstepped = getattr(tracker, "unstepped", getattr(getattr(tracker, "phases", None), "unstepped", None))
+            return coverage.self_check(self.clock.between_activity_ns(), unstepped)
         except Exception as exc:
             self._on_error("summary", exc)
             return coverage.self_check()
