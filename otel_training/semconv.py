@@ -47,6 +47,7 @@ ATTR_UPDATE_SKIPPED = "training.step.update_skipped"  # a GradScaler step skippe
 ATTR_COMPONENT = "training.telemetry.component"
 ATTR_TOKENS = "training.step.tokens"  # token ids in the step's batches (padding left out)
 ATTR_HW_ID = "hw.id"  # the GPU's UUID (memory metrics of a CUDA device), as the hardware gauges
+ATTR_ACTIVITY = "training.activity"  # what the process's wall time went to (training.job.time)
 
 MODE_TRAIN = "train"
 MODE_EVAL = "eval"
@@ -66,6 +67,10 @@ METRIC_PHASE_OPEN_DURATION = "training.phase.open.duration"  # gauge: a hang sho
 METRIC_TOKENS = "training.tokens"
 METRIC_FLOPS = "training.flops"
 METRIC_MFU = "training.mfu"  # gauge: achieved FLOP/s / peak FLOP/s
+
+# --- the whole process's wall time ---------------------------------------------------
+METRIC_JOB_TIME = "training.job.time"  # counter (s) by training.activity
+METRIC_GOODPUT = "training.goodput"  # gauge: train time / wall time so far
 
 # --- memory per step ---------------------------------------------------------------
 METRIC_MEMORY_ALLOCATED = "training.memory.allocated"  # CUDA: bytes allocated at step end

@@ -40,6 +40,8 @@ CORE_MODULES = frozenset({
     "tests/test_reliability_selftelemetry.py",
     "tests/test_trace_file.py", "tests/test_report.py", "tests/test_manual_api.py", "tests/test_preflight.py",
     "tests/test_integration_lightning.py", "tests/test_integration_transformers.py",
+    # the job's wall time: checkpoint calls and torch.compile's compile events, per torch release
+    "tests/test_goodput.py", "tests/test_goodput_integrations.py", "tests/loops/test_goodput_loop.py",
 })
 
 

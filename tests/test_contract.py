@@ -75,7 +75,7 @@ def _referenced_metric_names(text: str) -> set:
     prefixes = ("training_", "system_", "hw_", "process_gpu_")
     names = set(re.findall(r"(?<![\w:])((?:%s)[a-z0-9_]*)(?![\w:])" % "|".join(prefixes), text))
     labels = ("_rank", "_mode", "_phase", "_parent", "_id", "_size", "_component", "_reason", "_direction",
-              "_index", "_pid", "_name", "_model", "_type")
+              "_index", "_pid", "_name", "_model", "_type", "_activity")
     return {n for n in names if not n.endswith(labels)}
 
 

@@ -209,6 +209,10 @@ def _openmetrics(t0: int, t1: int) -> str:
         add("training_gpu_idle_seconds_total", dict(base, training_phase="dataloader_next"),
             lambda t, i, v=0.3 * secs: age(t, v))
         gl = {k: base[k] for k in ("job", "instance", "training_run_id", "host_name")}
+        # the wall time by activity: each second of the process, 80% of it in train steps
+        for activity, share in (("train", 0.8), ("checkpoint", 0.15), ("other", 0.05)):
+            add("training_job_time_seconds_total", dict(gl, training_rank=rank, training_activity=activity),
+                lambda t, i, v=share: age(t, v))
         add("hw_gpu_utilization_ratio", dict(gl, hw_id=f"GPU-{host}", gpu_index="0",
                                              hw_model="Test GPU"), lambda t, i, g=gpu: g[i % 2])
     other = {"job": "other", "instance": "j0", "training_run_id": "r2", "host_name": "x",
@@ -411,3 +415,17 @@ def test_bad_arguments(capsys):
     assert code == 2 and "'soon' is not a duration" in err
     code, _, err = run_report(capsys, "--prometheus", "http://127.0.0.1:1", "--run", "a b=c")
     assert code == 2 and "is not a label name" in err
+
+
+def test_prometheus_goodput_by_rank(prometheus, capsys):
+    """The wall time by activity over the range, per process, and the job's goodput."""
+    code, out, err = run_report(capsys, "--prometheus", prometheus["url"], "--run", "r1", "--since", "1h", "--json")
+    assert code == 0, err
+    jobs = json.loads(out)["job"]
+    assert [j["rank"] for j in jobs] == [0, 1]
+    for j in jobs:
+        assert j["goodput"] == pytest.approx(0.8, rel=1e-3)
+        assert j["activities"]["checkpoint"] == pytest.approx(0.15 * j["wall_s"], rel=1e-3)
+    code, out, err = run_report(capsys, "--prometheus", prometheus["url"], "--run", "r1", "--since", "1h")
+    assert code == 0, err
+    assert "goodput (rank 0): 80.0% of the" in out and "job goodput: 80.0% (mean over 2 ranks)" in out, out

@@ -182,12 +182,18 @@ class Coverage:
             out["before_first_step_s"] = max(0, self.first_start - started_ns) / 1e9
         return out
 
-    def self_check(self) -> list[dict]:
-        """Findings that the step detection is in doubt, each with its cause and fix."""
-        with self._lock:
-            return self._self_check()
+    def self_check(self, accounted_ns: int = 0, unstepped: int | None = None) -> list[dict]:
+        """Findings that the step detection is in doubt, each with its cause and fix.
 
-    def _self_check(self) -> list[dict]:
+        With the job's accounting (aggregate/job.py): ``accounted_ns``, checkpoint and
+        compile time between steps, is no gap; ``unstepped``, the model work seen with
+        no step open (record/tracker.py). Time between steps with no model work in it
+        is the job's ``other`` activity, with a finding of its own: the check speaks of
+        low coverage only where model work ran outside steps."""
+        with self._lock:
+            return self._self_check(accounted_ns, unstepped)
+
+    def _self_check(self, accounted_ns: int = 0, unstepped: int | None = None) -> list[dict]:
         steps = self.steps
         out: list[dict] = []
         if self.first_start is None:
@@ -220,15 +226,20 @@ class Coverage:
                     ),
                 }
             )
-        share = (loop - self.outside) / loop if loop > 0 else 1.0
-        if share < CHECK_COVERAGE and steps > 1:
+        share = (loop - max(0, self.outside - accounted_ns)) / loop if loop > 0 else 1.0
+        if share < CHECK_COVERAGE and steps > 1 and unstepped != 0:
             out.append(
                 {
                     "kind": "low_coverage",
                     "cause": (
                         f"{1 - share:.0%} of the training loop's {loop / 1e9:.1f} s is outside steps and named phases "
                         f"(largest gap {self.largest_gap / 1e9:.2f} s {gap_place(self.largest_gap_after)}): "
-                        "work between loops that runs no model forward, or a loop not detected"
+                        + (
+                            "work between loops that runs no model forward, or a loop not detected"
+                            if unstepped is None
+                            else f"model work ran outside steps ({unstepped} forwards or optimizer steps): "
+                            "a loop not detected"
+                        )
                     ),
                     "fix": (
                         "wrap that work in otel_training.phase(name) (between steps it is named time), "

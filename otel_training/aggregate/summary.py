@@ -181,6 +181,15 @@ class RunSummary:
             for name, ns in idle.items():
                 m.idle_ns[name] = m.idle_ns.get(name, 0) + ns
 
+    def step_durations(self, mode: str) -> tuple[list[float], int]:
+        """The step times (s) of ``mode`` kept for percentiles (thinned in a long run),
+        and how many steps they stand for (the FLOP-count step left out)."""
+        with self._lock:
+            m = self._modes.get(mode)
+            if m is None:
+                return [], 0
+            return m.durations.tolist(), m.steps - (m.counted is not None)
+
     def to_dict(self, telemetry: dict | None = None) -> dict:
         with self._lock:
             return self._to_dict(telemetry)

@@ -139,7 +139,10 @@ def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> 
         if moved:
             changed = max(moved, key=lambda p: sign * p["delta"])["name"]
     fa, fb = (a.get("findings") or [None])[0], (b.get("findings") or [None])[0]
+    from otel_training.diagnosis.goodput_text import compare_job  # goodput A vs B
+
     return {
+        "job": compare_job(a, b),
         "mode": mode,
         "a": _who(a),
         "b": _who(b),
@@ -214,6 +217,9 @@ def render(c: dict) -> str:
     for k in ("a", "b"):
         f = c["verdict"][k]
         lines.append(f"verdict {k.upper()}: " + (f"{f['title']}: {f['detail']}" if f else "no data"))
+    from otel_training.diagnosis.goodput_text import compare_lines  # goodput A vs B
+
+    lines.extend(compare_lines(c))
     lines.append("")
     noise = "unknown (runs too short)" if s["noise"] is None else f"±{_pct(s['noise'] / s['a'], False)}"
     head = f"result: {c['result']}: time per {per} {_ms(s['a'])} -> {_ms(s['b'])} ms ({_pct(s['delta_rel'])}; "

@@ -18,6 +18,7 @@ from importlib import resources
 from otel_training.cli.report_charts import Colors, compare_charts, run_charts
 from otel_training.cli.report_series import mode_names, require
 from otel_training.diagnosis.finding import Finding
+from otel_training.diagnosis.goodput_text import job_html  # the goodput bar
 from otel_training.diagnosis.words import plural, timing_words
 from otel_training.version import __version__
 
@@ -114,7 +115,7 @@ def _run_section(report: dict, charts: list[dict], title: str) -> str:
     text = render(report, findings, report.get("mode"))
     return (
         f"<section><h2>{_e(title)}</h2><p class=meta>{_e(meta)}</p>"
-        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}'
+        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}{job_html(report)}'
         f"<h3>Findings and advice</h3>{_findings(findings)}"
         f'<h3>Charts</h3><div class="charts">{blocks}</div>'
         f"<details><summary>The terminal report</summary><pre>{_e(text)}</pre></details></section>"

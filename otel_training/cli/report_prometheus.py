@@ -13,6 +13,7 @@ import urllib.request
 
 from otel_training import semconv as sc
 from otel_training.cli.report_sources import ReportError, add_rank, finish_modes
+from otel_training.diagnosis.goodput_text import jobs_from_deltas
 
 
 def _quote(value: str) -> str:
@@ -226,6 +227,10 @@ class PrometheusReport:
             ),
             "telemetry": tel,
             "memory": self._memory(sel),
+            # per process, the wall time by activity over the range (diagnosis/goodput_text.py)
+            "job": jobs_from_deltas(
+                self._deltas("training_job_time_seconds_total", sel, _RANK_LABELS + ("training_activity",))
+            ),
         }
 
     def _over_time(self, fn: str, metric: str, sel: str, by: tuple[str, ...]) -> dict[tuple, float]:

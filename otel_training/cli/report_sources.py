@@ -218,8 +218,11 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
     coverage: list[dict] = []
     checks: list[dict] = []
     memory: list[dict] = []
+    jobs: list[dict] = []  # per rank, the wall time by activity (aggregate/job.py)
     for path, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0])):
         who = {"rank": s.get("rank"), "host": s.get("host")}
+        if isinstance(s.get("job"), dict):
+            jobs.append({**who, **s["job"]})
         if s.get("coverage"):
             coverage.append({**who, **s["coverage"]})
         if s.get("memory"):
@@ -282,6 +285,7 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
         "coverage": coverage,
         "self_check": checks,
         "memory": memory,
+        "job": jobs,
         # per rank, the run over time (aggregate/timeseries.py), for the HTML report
         "timeseries": [
             {"rank": s.get("rank"), "host": s.get("host"), "modes": s["timeseries"]}

@@ -11,6 +11,7 @@ from otel_training.aggregate.coverage import gap_place
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
 from otel_training.diagnosis.formatting import bar, ms, share_pct, table
+from otel_training.diagnosis.goodput_text import report_lines
 from otel_training.diagnosis.measures_text import compute_text, memory_text, named_text
 from otel_training.diagnosis.words import plural, timing_words
 
@@ -190,6 +191,10 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
     if cover:
         lines.append("")
         lines.extend(cover)
+    goodput = report_lines(report)  # the goodput bar
+    if goodput:
+        lines.append("")
+        lines.extend(goodput)
     tel = {k: v for k, v in (report.get("telemetry") or {}).items() if v}
     if tel:
         lines.append("")

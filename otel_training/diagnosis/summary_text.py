@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from otel_training import semconv as sc
 from otel_training.diagnosis.findings_text import self_check_lines, verdict_lines
+from otel_training.diagnosis.goodput_text import summary_lines
 from otel_training.diagnosis.measures_text import compute_text, coverage_line, memory_text
 from otel_training.diagnosis.verdict import diagnose
 from otel_training.diagnosis.words import plural
@@ -66,4 +67,5 @@ def render_summary(summary: dict) -> str:
         if f.kind == "memory_creep":
             lines.append(f"{f.title}: {f.detail}")
             lines.extend(f"  - {a}" for a in f.advice[:2])
+    lines.extend(summary_lines(summary))  # the goodput bar
     return "\n".join(lines)

@@ -48,6 +48,7 @@ class ForwardSteps:
         self._step_root: Any = None  # the first root module called in the step
         self._forward_root: Any = None  # the root that opened the last forward phase
         self._last_root: Any = None  # the last root called (a continuation's too)
+        self.unstepped = 0  # forwards with no step open under a manual or framework driver
 
     def reset(self) -> None:
         """A new piece begins: no root has run in it."""
@@ -66,6 +67,7 @@ class ForwardSteps:
             # loop ended) -- pieces are cut at forwards. Inside a manual step() loop,
             # time outside step() belongs to no step.
             if driver != DRIVER_NONE and driver != DRIVER_DATALOADER:
+                self.unstepped += 1  # model work the driver's steps leave out
                 return
             fresh = True
         elif step.saw_forward or step.saw_backward or step.saw_optimizer:

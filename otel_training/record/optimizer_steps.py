@@ -23,6 +23,7 @@ class OptimizerSteps:
         self._phases = phases
         self._alive = alive  # the optimizers alive (weak references; len() in C)
         self.pending: list[tuple] = []  # (optimizer, record or None, frame) awaiting a post-hook
+        self.unstepped = 0  # optimizer steps with no step open
 
     def reset(self) -> None:
         """A new piece begins (or the open one ended): nothing is running."""
@@ -45,6 +46,7 @@ class OptimizerSteps:
         phases = self._phases
         step = phases.step
         if step is None:
+            self.unstepped += 1
             return
         step.updates += 1
         if len(self._alive) > 1:  # which ones stepped: does another join?

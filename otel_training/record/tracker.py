@@ -81,6 +81,11 @@ class Tracker:
             return False
         return ident == self.thread
 
+    @property
+    def unstepped(self) -> int:
+        """Model work seen with no step open: evidence of a loop steps do not cover."""
+        return self._forward_steps.unstepped + self._optimizer_steps.unstepped
+
     def now(self) -> int:
         """The tracker's clock (host ns)."""
         return self.phases.clock()

@@ -29,6 +29,7 @@ from otel_training.handles import Handles
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.runtime import processes
+from otel_training.runtime.goodput import Goodput
 from otel_training.runtime.measures import StepMeasures
 from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
 from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
@@ -83,6 +84,7 @@ class Runtime(ProcessEvents):
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.trace_file = self._trace_file(config, summary_info, offset)
         self.measures = StepMeasures(config, meter, common, self.on_error)  # throughput, FLOPs, memory
+        self.goodput = Goodput(self.on_error)  # the process's wall time by activity (goodput.py)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset),
             metrics=StepMetrics(
@@ -100,7 +102,7 @@ class Runtime(ProcessEvents):
             offset=offset,
             trace_file=self.trace_file,
             timeseries=bool(config.summary or config.summary_file),
-            consumers=self.measures.consumers,
+            consumers=(*self.measures.consumers, self.goodput.clock),
             export_interval_s=export_interval_s(meter_provider),
         )
         self._started_ns = time.perf_counter_ns()
@@ -151,6 +153,7 @@ class Runtime(ProcessEvents):
         tracker.on_loop = self.module_hooks.arm
         handles.on_remove(self._unhook_tracker, "tracker callbacks")
         handles.add(TorchHooks(tracker, self.on_error).install())
+        self.goodput.install(tracker, handles, self._meter, self._common)
         self.pipeline.start()
         try:
             self.guard = handles.add(ExportGuard(self.telemetry).attach(self.tracer_provider, self.meter_provider))
@@ -242,8 +245,9 @@ class Runtime(ProcessEvents):
         summary["step_boundary"] = self.config.step_boundary
         summary["loaders"] = sorted(self.tracker.loaders)  # which advice fits a data-bound run
         summary["coverage"] = coverage.to_dict(self._started_ns)
-        summary["self_check"] = coverage.self_check()
+        summary["self_check"] = self.goodput.self_check(coverage, self.tracker)
         self.measures.summarize(summary)
+        self.goodput.summarize(summary, self.pipeline.summary)
         if self.pipeline.timeseries is not None:
             summary["timeseries"] = self.pipeline.timeseries.to_dict()
         return summary
@@ -267,6 +271,7 @@ class Runtime(ProcessEvents):
         def left(share: float = 1.0) -> float:
             return max(0.0, (deadline - time.monotonic()) * share)
 
+        self.goodput.end()
         try:
             if self.tracker.step is not None:
                 self.tracker.finish_step(ending_exception(final))
@@ -285,6 +290,7 @@ class Runtime(ProcessEvents):
                 self.on_error("device_timing", exc)
         except Exception as exc:
             self.on_error("shutdown", exc)
+        self.goodput.finish()  # before the last export: it carries the shut-down time
         if self.hardware is not None:
             try:
                 self.hardware.stop_sampling(min(1.0, left(0.25)))

@@ -66,6 +66,7 @@ class ProcessEvents:
     # Provided by Runtime.
     config: Config
     tracker: Any
+    goodput: Any  # runtime/goodput.py's Goodput
     handles: Handles
     role: str | None
     active: bool
@@ -171,6 +172,7 @@ class ProcessEvents:
                     if thread.daemon:  # never joined: the atexit handler ends its step
                         return
                     thread.join()
+            self.goodput.end()
             if tracker.step is not None:
                 tracker.finish_step(ending_exception(True))
         except Exception as exc:

@@ -56,6 +56,8 @@ class LoopRun:
     spans: List[tuple] = field(default_factory=list)
     # the last exported points of each hardware gauge ("hw.", "process.gpu.", "system.")
     gauges: Dict[str, List[tuple]] = field(default_factory=dict)  # name -> [(attributes, value)]
+    # the last exported points of every counter and gauge: name -> [(attributes, value)]
+    points: Dict[str, List[tuple]] = field(default_factory=dict)
     error: Optional[str] = None  # the runner itself failed (timeout, ...)
 
     def stderr_tail(self, n: int = 3000) -> str:
@@ -182,6 +184,10 @@ def run_loop(name: str, extra_env: Optional[Dict[str, str]] = None, timeout: flo
         out.spans = [(sp.name, sp.span_id, sp.parent_span_id, sp.start_time_unix_nano, sp.end_time_unix_nano,
                       attributes(sp.attributes)) for _, sp in receiver.spans()]
         for _, metric in receiver.metrics():
+            kind = "gauge" if metric.HasField("gauge") else "sum" if metric.HasField("sum") else None
+            if kind is not None:
+                out.points[metric.name] = [(attributes(pt.attributes), getattr(pt, pt.WhichOneof("value")))
+                                           for pt in getattr(metric, kind).data_points]
             if metric.name.startswith(("hw.", "process.gpu.", "system.")) and metric.HasField("gauge"):
                 out.gauges[metric.name] = [(attributes(pt.attributes), getattr(pt, pt.WhichOneof("value")))
                                            for pt in metric.gauge.data_points]

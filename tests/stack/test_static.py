@@ -355,7 +355,9 @@ def test_training_dashboard_panels():
                    "training_tokens", "training_flops", "training_mfu_ratio",
                    "training_memory_peak_allocated_bytes", "training_memory_peak_reserved_bytes",
                    "training_memory_allocated_bytes", "training_memory_rss_bytes",
-                   "training_memory_alloc_retries_total", "training_memory_ooms_total"):
+                   "training_memory_alloc_retries_total", "training_memory_ooms_total",
+                   # the wall time by activity, goodput
+                   "training_job_time_seconds_total", "training_activity", "training_goodput_ratio"):
         assert needle in exprs, needle
     (alerts,) = by_type["alertlist"]
     assert alerts["options"]["stateFilter"]["firing"]

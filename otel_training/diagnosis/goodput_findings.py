@@ -1,0 +1,151 @@
+"""Findings about the whole process's wall time (the summary's ``job`` section,
+aggregate/job.py): what keeps goodput down, and what to do.
+
+A finding's ``score`` is the share of the wall time it explains (0..1): at most
+what removing it could give back to training. Findings of the step time
+(verdict.py) are shares of step time; these are listed apart from them.
+"""
+
+from __future__ import annotations
+
+from otel_training.diagnosis.finding import Finding
+from otel_training.diagnosis.finding import pct as _pct
+
+# An activity must hold at least this share of the wall time to be a finding.
+THRESHOLDS = {
+    "checkpoint": 0.10,
+    "startup": 0.20,  # start-up and compilation together
+    "eval": 0.25,
+    "other": 0.10,
+    "named": 0.15,
+    "slow_steps": 0.10,
+}
+BUILTIN = ("startup", "compile", "train", "eval", "checkpoint", "other", "shutdown")
+
+
+def _s(x: float) -> str:
+    return f"{x:.2f} s" if x < 10 else f"{x:,.0f} s"
+
+
+def job_findings(job: dict | None, coverage: dict | None = None) -> list[Finding]:
+    """Ranked findings for a ``job`` section (empty without one)."""
+    if not job or not job.get("wall_s"):
+        return []
+    wall = float(job["wall_s"])
+    act = {k: float(v or 0.0) for k, v in (job.get("activities") or {}).items()}
+    share = {k: v / wall for k, v in act.items()}
+    where = f"of the {_s(wall)} wall time"
+    out: list[Finding] = []
+
+    ckpt = share.get("checkpoint", 0.0)
+    if ckpt >= THRESHOLDS["checkpoint"]:
+        c = job.get("checkpoint") or {}
+        parts = []
+        if c.get("saves"):
+            parts.append(f"{c['saves']} saves {_s(c.get('save_s') or 0.0)}")
+        if c.get("loads"):
+            parts.append(f"{c['loads']} loads {_s(c.get('load_s') or 0.0)}")
+        calls = ", ".join(x["name"] for x in (c.get("calls") or [])[:3])
+        detail = f"checkpoint saves and loads are {_pct(ckpt)} {where}"
+        if parts:
+            detail += f" ({', '.join(parts)}" + (f": {calls}" if calls else "") + ")"
+        advice = [
+            "save asynchronously: torch.distributed.checkpoint.async_save blocks training only while "
+            "the state is staged in host memory; the write goes on in the background",
+            "save less often (every N steps or epochs, and once at the end)",
+            "write to a faster filesystem (local NVMe), and copy to network or object storage in the background",
+        ]
+        if (c.get("load_s") or 0.0) > (c.get("save_s") or 0.0):
+            advice.insert(
+                0, "resuming loads the checkpoint: load from local disk, with torch.load(mmap=True) or safetensors"
+            )
+        out.append(Finding("checkpoint_bound", ckpt, "checkpoint-bound", detail, advice))
+
+    start = share.get("startup", 0.0) + share.get("compile", 0.0)
+    if start >= THRESHOLDS["startup"]:
+        detail = f"start-up (process start to the first step) is {_pct(share.get('startup', 0.0))} {where}"
+        if share.get("compile", 0.0) >= 0.01:
+            comp = job.get("compile") or {}
+            detail += f", torch.compile's compilation {_pct(share['compile'])}"
+            if comp.get("recompilations"):
+                detail += f" ({comp['recompilations']} recompilations)"
+        advice = [
+            "keep torch.compile's caches between runs: TORCHINDUCTOR_CACHE_DIR on a persistent disk "
+            "(the FX graph and AOTAutograd caches reuse compiled code)",
+            "spawned workers (DataLoader workers with the spawn start method, torch.multiprocessing.spawn) "
+            're-import the training script: keep set-up under `if __name__ == "__main__":` and use '
+            "persistent_workers=True",
+            "index or preprocess the data set once and save the result (a cached index, pre-tokenized "
+            "shards) instead of at every start",
+        ]
+        out.append(Finding("startup_bound", start, "start-up-bound", detail, advice))
+
+    ev = share.get("eval", 0.0)
+    if ev >= THRESHOLDS["eval"]:
+        out.append(
+            Finding(
+                "eval_bound",
+                ev,
+                "eval-bound",
+                f"eval steps are {_pct(ev)} {where}, train steps {_pct(share.get('train', 0.0))}",
+                [
+                    "evaluate less often, or on a fixed subset of the validation set",
+                    "raise the eval batch size: without gradients, larger batches fit",
+                    "evaluate a saved checkpoint in a separate process or on another device while training goes on",
+                ],
+            )
+        )
+
+    other = share.get("other", 0.0)
+    if other >= THRESHOLDS["other"]:
+        detail = f"{_pct(other)} {where} lies between steps in no step, checkpoint or named phase"
+        if coverage and coverage.get("largest_gap_s"):
+            after = coverage.get("largest_gap_after_step")
+            place = f"after train step {after}" if after is not None else "before the first train step"
+            detail += f" (largest gap {_s(float(coverage['largest_gap_s']))} {place})"
+        out.append(
+            Finding(
+                "other_bound",
+                other,
+                "other-between-steps-bound",
+                detail,
+                [
+                    'name it: wrap that work in `with otel_training.phase("name"):` and it shows by name',
+                    "make blocking work between epochs asynchronous (metric uploads, log flushes, "
+                    "evaluation bookkeeping): hand it to a background thread",
+                    "do it less often",
+                ],
+            )
+        )
+
+    for name in job.get("named") or ():
+        s = share.get(name, 0.0)
+        if s >= THRESHOLDS["named"]:
+            out.append(
+                Finding(
+                    "named_between",
+                    s,
+                    f"phase '{name}' between steps",
+                    f"your phase '{name}' between steps is {_pct(s)} {where}",
+                    [f"make '{name}' asynchronous (a background thread or process) or run it less often"],
+                    phase=name,
+                )
+            )
+
+    lost = float(job.get("slow_step_badput_s") or 0.0) / wall
+    if lost >= THRESHOLDS["slow_steps"] and job.get("ideal_step_s"):
+        out.append(
+            Finding(
+                "slow_steps",
+                lost,
+                "slow steps",
+                f"{job.get('slow_steps', 0)} train steps slower than the ideal "
+                f"{float(job['ideal_step_s']) * 1e3:.1f} ms lost {_pct(lost)} {where}",
+                [
+                    "look at the slowest steps' traces (tail capture keeps them): garbage collection, "
+                    "a slow batch, a synchronization with another rank",
+                ],
+            )
+        )
+    out.sort(key=lambda f: f.score, reverse=True)
+    return out

@@ -1,0 +1,270 @@
+"""The goodput bar: the whole process's wall time by activity (the summary's ``job``
+section, aggregate/job.py) as text for the run-end table, ``otel-training report``
+and ``compare``, and as HTML for the report page."""
+
+from __future__ import annotations
+
+import html
+
+from otel_training.diagnosis.goodput_findings import job_findings
+from otel_training.diagnosis.words import plural
+
+WIDTH = 40
+# One character per activity in the bar, in the order shown; a user's named phase: "N".
+SYMBOLS = {
+    "startup": "S",
+    "compile": "C",
+    "train": "#",
+    "eval": "E",
+    "checkpoint": "K",
+    "other": ".",
+    "shutdown": "s",
+}
+NAMED = "N"
+# The page's colours per activity (named phases: NAMED_COLOR).
+COLORS = {
+    "startup": "#9e9e9e",
+    "compile": "#8e24aa",
+    "train": "#2e7d32",
+    "eval": "#1565c0",
+    "checkpoint": "#ef6c00",
+    "other": "#d7ccc8",
+    "shutdown": "#616161",
+}
+NAMED_COLOR = "#f9a825"
+
+
+def _ordered(job: dict) -> list[tuple[str, float]]:
+    """(activity, seconds) with time in it: ours in a fixed order, named phases before other."""
+    act = job.get("activities") or {}
+    named = [k for k in act if k not in SYMBOLS]
+    order = ["startup", "compile", "train", "eval", "checkpoint", *named, "other", "shutdown"]
+    return [(k, float(act[k])) for k in order if float(act.get(k) or 0.0) > 0]
+
+
+def bar(job: dict, width: int = WIDTH) -> str:
+    """``[SSSSSSSSSS####EEK....s]``: each activity's share of the wall time, an activity
+    of at least a 40th always visible (largest remainders fill the rest)."""
+    items = _ordered(job)
+    total = sum(s for _, s in items)
+    if total <= 0:
+        return "[" + " " * width + "]"
+    raw = [s / total * width for _, s in items]
+    cells = [int(x) for x in raw]
+    for i, x in enumerate(raw):
+        if cells[i] == 0 and x >= 0.5:
+            cells[i] = 1
+    while sum(cells) > width:
+        i = max(range(len(cells)), key=lambda j: cells[j])
+        cells[i] -= 1
+    for i in sorted(range(len(raw)), key=lambda j: raw[j] - int(raw[j]), reverse=True):
+        if sum(cells) >= width:
+            break
+        cells[i] += 1
+    return "[" + "".join(SYMBOLS.get(k, NAMED) * n for (k, _), n in zip(items, cells)) + "]"
+
+
+def legend(job: dict) -> str:
+    """``S startup 4.6 s 63%, # train 0.73 s 10%, ...``."""
+    wall = float(job.get("wall_s") or 0.0)
+    parts = []
+    for k, s in _ordered(job):
+        if s < 0.005 and (wall <= 0 or s / wall < 0.005):
+            continue  # (neither its seconds nor its share would show)
+        share = f" {100 * s / wall:.0f}%" if wall > 0 else ""
+        parts.append(f"{SYMBOLS.get(k, NAMED)} {k} {_s(s)}{share}")
+    return ", ".join(parts)
+
+
+def _s(x: float) -> str:
+    return f"{x:.2f} s" if x < 10 else f"{x:,.0f} s"
+
+
+def goodput_lines(job: dict, indent: str = "  ", who: str = "") -> list[str]:
+    """The goodput line, the bar with its legend, and what the run's checkpoints and
+    compilations were."""
+    wall = float(job.get("wall_s") or 0.0)
+    goodput = float(job.get("goodput") or 0.0)
+    train = float((job.get("activities") or {}).get("train") or 0.0)
+    head = f"{indent}goodput{who}: {100 * goodput:.1f}% of the {_s(wall)} wall time in train steps ({_s(train)})"
+    if job.get("ideal_step_s"):
+        head += f"; ideal train step {float(job['ideal_step_s']) * 1e3:.1f} ms"
+        if job.get("slow_step_badput_s"):
+            head += f", {plural(int(job.get('slow_steps') or 0), 'slower step')} lost {_s(job['slow_step_badput_s'])}"
+    lines = [head, f"{indent}  {bar(job)}", f"{indent}  {legend(job)}"]
+    extra = []
+    c = job.get("checkpoint") or {}
+    if c.get("saves") or c.get("loads"):
+        calls = ", ".join(x["name"] for x in (c.get("calls") or [])[:3])
+        part = []
+        if c.get("saves"):
+            part.append(f"{plural(c['saves'], 'save')} {_s(c.get('save_s') or 0.0)}")
+        if c.get("loads"):
+            part.append(f"{plural(c['loads'], 'load')} {_s(c.get('load_s') or 0.0)}")
+        extra.append(f"checkpoints: {', '.join(part)}" + (f" ({calls})" if calls else ""))
+    comp = job.get("compile") or {}
+    if comp.get("compilations"):
+        text = f"torch.compile: {plural(comp['compilations'], 'compilation')}"
+        if comp.get("recompilations"):
+            where = ", ".join(f"{r['mode']} step {r['step']}" for r in (comp.get("recompiled_at") or [])[:5])
+            text += f", {plural(comp['recompilations'], 'recompilation')}" + (f" (at {where})" if where else "")
+        extra.append(text)
+    if extra:
+        lines.append(f"{indent}  " + "; ".join(extra))
+    return lines
+
+
+def finding_lines(job: dict, coverage: dict | None = None, advice: int = 3, indent: str = "") -> list[str]:
+    """The top finding about the wall time, with its advice (none below the thresholds)."""
+    found = job_findings(job, coverage)
+    if not found:
+        return []
+    f = found[0]
+    return [f"{indent}goodput: {f.title} ({f.detail})"] + [f"{indent}  - {a}" for a in f.advice[:advice]]
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The run-end table's goodput lines (none before the first step)."""
+    job = summary.get("job")
+    if not job:
+        return []
+    return goodput_lines(job) + finding_lines(job, summary.get("coverage"))
+
+
+def report_lines(report: dict) -> list[str]:
+    """``otel-training report``: each rank's goodput bar, the job's goodput (the mean over
+    ranks), and the findings of the rank with the lowest goodput."""
+    jobs = [j for j in report.get("job") or [] if j.get("wall_s")]
+    if not jobs:
+        return []
+    lines = []
+    for j in jobs:
+        who = f" (rank {j['rank']})" if len(jobs) > 1 and j.get("rank") is not None else ""
+        lines.extend(goodput_lines(j, "", who))
+    if len(jobs) > 1:
+        mean = sum(float(j.get("goodput") or 0.0) for j in jobs) / len(jobs)
+        lines.append(f"job goodput: {100 * mean:.1f}% (mean over {len(jobs)} ranks)")
+    worst = min(jobs, key=lambda j: float(j.get("goodput") or 0.0))
+    coverage = next(
+        (c for c in report.get("coverage") or [] if c.get("rank") == worst.get("rank")),
+        None,
+    )
+    for f in job_findings(worst, coverage)[:3]:
+        lines.append(f"goodput: [{f.severity}] {f.title} ({100 * f.score:.0f}% of the wall time)")
+        lines.append(f"  {f.detail}")
+        lines.extend(f"  - {a}" for a in f.advice)
+    return lines
+
+
+def job_html(report: dict) -> str:
+    """The report page's goodput bars (one per rank) and legend."""
+    jobs = [j for j in report.get("job") or [] if j.get("wall_s")]
+    if not jobs:
+        return ""
+    out = ["<h3>Goodput: the wall time by activity</h3>"]
+    for j in jobs:
+        wall = float(j["wall_s"])
+        who = f"rank {j['rank']}: " if len(jobs) > 1 and j.get("rank") is not None else ""
+        segments = "".join(
+            f'<span title="{_e(k)} {_e(_s(s))} ({100 * s / wall:.1f}%)" '
+            f'style="display:inline-block;height:1.2em;width:{100 * s / wall:.3f}%;'
+            f'background:{COLORS.get(k, NAMED_COLOR)}"></span>'
+            for k, s in _ordered(j)
+        )
+        out.append(
+            f'<p class="meta">{_e(who)}goodput {100 * float(j.get("goodput") or 0.0):.1f}% of {_e(_s(wall))}</p>'
+            f'<div class="goodput" style="width:100%;white-space:nowrap;overflow:hidden;'
+            f'border:1px solid #ccc;line-height:0">{segments}</div>'
+        )
+    keys = [k for k, _ in _ordered(jobs[0])]
+    out.append(
+        '<p class="meta">'
+        + " ".join(
+            f'<span style="display:inline-block;width:0.8em;height:0.8em;background:{COLORS.get(k, NAMED_COLOR)}">'
+            f"</span> {_e(k)}"
+            for k in keys
+        )
+        + "</p>"
+    )
+    return "".join(out)
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def jobs_from_deltas(deltas: dict[tuple, float]) -> list[dict]:
+    """Per process, a ``job`` section from Prometheus: ``deltas`` are the increases of
+    ``training_job_time_seconds_total`` over the range by (instance, host, rank,
+    activity); a process that began in the range counts its start-up (its series begin
+    with it). Wall time is what the range accounted: the sum of its activities."""
+    by_process: dict[tuple, dict[str, float]] = {}
+    for (instance, host, rank, activity), seconds in deltas.items():
+        if activity and seconds > 0:
+            by_process.setdefault((instance, host, rank), {})[activity] = seconds
+    out = []
+    for (instance, host, rank), act in sorted(by_process.items(), key=lambda kv: (kv[0][2].zfill(6), kv[0][0])):
+        wall = sum(act.values())
+        named = sorted((k for k in act if k not in SYMBOLS), key=lambda k: -act[k])
+        activities = {k: act.get(k, 0.0) for k in SYMBOLS} | {k: act[k] for k in named}
+        out.append(
+            {
+                "rank": int(rank) if rank.isdigit() else None,
+                "host": host,
+                "instance": instance,
+                "wall_s": wall,
+                "goodput": act.get("train", 0.0) / wall if wall > 0 else 0.0,
+                "activities": activities,
+                "named": named,
+            }
+        )
+    return out
+
+
+# -- compare ----------------------------------------------------------------------------
+def compare_job(a: dict, b: dict) -> dict | None:
+    """Goodput and seconds per activity of two reports (each the mean over its ranks);
+    None unless both have a ``job`` section."""
+    ja, jb = _mean_job(a), _mean_job(b)
+    if ja is None or jb is None:
+        return None
+    names = [k for k, _ in _ordered(ja)] + [k for k, _ in _ordered(jb) if k not in ja["activities"]]
+    return {
+        "goodput": {"a": ja["goodput"], "b": jb["goodput"], "delta": jb["goodput"] - ja["goodput"]},
+        "wall_s": {"a": ja["wall_s"], "b": jb["wall_s"]},
+        "activities": [
+            {"name": k, "a": ja["activities"].get(k, 0.0), "b": jb["activities"].get(k, 0.0)} for k in names
+        ],
+    }
+
+
+def _mean_job(report: dict) -> dict | None:
+    jobs = [j for j in report.get("job") or [] if j.get("wall_s")]
+    if not jobs:
+        return None
+    n = len(jobs)
+    act: dict[str, float] = {}
+    for j in jobs:
+        for k, v in (j.get("activities") or {}).items():
+            act[k] = act.get(k, 0.0) + float(v or 0.0) / n
+    return {
+        "wall_s": sum(float(j["wall_s"]) for j in jobs) / n,
+        "goodput": sum(float(j.get("goodput") or 0.0) for j in jobs) / n,
+        "activities": act,
+    }
+
+
+def compare_lines(c: dict) -> list[str]:
+    """``goodput A 10.0% -> B 42.0% (+32.0 points)`` and seconds per activity."""
+    job = c.get("job")
+    if not job:
+        return []
+    g = job["goodput"]
+    lines = [
+        f"goodput: A {100 * g['a']:.1f}% -> B {100 * g['b']:.1f}% ({100 * g['delta']:+.1f} points); "
+        f"wall time A {_s(job['wall_s']['a'])}, B {_s(job['wall_s']['b'])}"
+    ]
+    parts = [f"{r['name']} {_s(r['a'])} -> {_s(r['b'])}" for r in job["activities"]]
+    if parts:
+        lines.append("  " + ", ".join(parts))
+    return lines
