@@ -36,6 +36,7 @@ from torch.nn.modules import module as _module
 
 from otel_training.handles import Handles
 from otel_training.record.events import DRIVER_NONE, TrainingEvents
+from otel_training.record.import_hooks import ModuleHooks
 from otel_training.semconv import PHASE_FORWARD as _FORWARD
 
 # torch.compiler.is_compiling itself (dynamo folds it to True while tracing).
@@ -43,12 +44,16 @@ _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) 
 _get_ident = threading.get_ident
 
 
+_EVAL_FRAME = "torch._dynamo.eval_frame"
+# torch.compile's wrapper class is patched when dynamo is imported (by the program's first
+# torch.compile, usually): importing it at install would add about a second to every
+# instrumented process's start-up, compiled or not.
+_DYNAMO = ModuleHooks((_EVAL_FRAME,), "forward")
+
+
 def _optimized_module_class():
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except Exception:  # pragma: no cover - torch without dynamo
-        return None
-    return OptimizedModule
+    """torch.compile's wrapper class, once dynamo is imported (before, no module is one)."""
+    return getattr(sys.modules.get(_EVAL_FRAME), "OptimizedModule", None)
 
 
 _CALL = "_call_impl"
@@ -313,9 +318,12 @@ class RootModuleHooks:
                 hooks._on_error("forward", exc)
             return result
 
-        cls = _optimized_module_class()
-        if cls is not None and "__call__" in vars(cls):
-            self._patches.wrap(cls, "__call__", optimized_call)
+        def on_dynamo(module) -> None:
+            cls = getattr(module, "OptimizedModule", None)
+            if cls is not None and "__call__" in vars(cls):
+                hooks._patches.wrap(cls, "__call__", optimized_call)
+
+        _DYNAMO.install(self, on_dynamo, self._on_error)
         if "compile" in vars(torch.nn.Module):
             self._patches.wrap(torch.nn.Module, "compile", compile_method)
 
@@ -355,4 +363,5 @@ class RootModuleHooks:
             if inner is not None:
                 module._compiled_call_impl = inner
         self._compiled = weakref.WeakSet()
+        _DYNAMO.remove(self)
         self._patches.remove()

@@ -13,6 +13,7 @@ instead of DDP. ``--backend nccl``: one GPU per rank (docs/distributed.md).
 import argparse
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -72,13 +73,19 @@ def main() -> int:
         if args.plant == "allreduce":
 
             def slow_allreduce(state, bucket):
-                fut = dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future()
+                # A slower network: the bucket's future completes ``delay`` after its
+                # all-reduce, from a thread of the script's own (no Python callback
+                # sleeping in one of gloo's threads, which its collectives need).
+                work = dist.all_reduce(bucket.buffer().div_(world), async_op=True)
+                fut = torch.futures.Future()
 
-                def late(f):
-                    time.sleep(delay)  # a slower network
-                    return f.value()[0]
+                def late():
+                    time.sleep(delay)
+                    work.wait()
+                    fut.set_result(bucket.buffer())
 
-                return fut.then(late)
+                threading.Thread(target=late, daemon=True).start()
+                return fut
 
             net.register_comm_hook(None, slow_allreduce)
     if args.plant == "backward" and rank == args.plant_rank:
