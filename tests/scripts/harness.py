@@ -93,8 +93,7 @@ class Run:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            _kill_tree(self.proc)
             raise AssertionError(f"{self.cmd} did not exit within {timeout} s\nstderr:\n{self.stderr}")
         self.exited_at = time.time()
         self._out_thread.join(5)
@@ -128,3 +127,21 @@ def run(cmd: List[str], env: Dict[str, str], timeout: float = 120.0) -> Run:
     r = Run(cmd, env)
     r.wait(timeout)
     return r
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill a process that did not exit and its children (torchrun's ranks): left
+    running, they would load the machine under every later test."""
+    try:
+        import psutil
+
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:
+        children = []
+    proc.kill()
+    for child in children:
+        try:
+            child.kill()
+        except Exception:
+            pass
+    proc.wait()

@@ -104,6 +104,11 @@ def main() -> int:
         steps += 1
     dist.barrier()
     print(f"RANK {rank} STEPS {steps} PID {os.getpid()}", flush=True)
+    # Let gloo's thread drop the barrier's work (it needs the GIL) before the process
+    # group goes: torch's ProcessGroupGloo destructor joins that thread with the GIL
+    # held, and a work whose thread-local state holds a Python object then deadlocks
+    # it at exit (seen twice in 7 CI runs of this script).
+    time.sleep(0.5)
     dist.destroy_process_group()
     return 0
 
