@@ -146,13 +146,19 @@ def training_loop():
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+# FSDP2 on the CPU: the public ``fully_shard`` (torch 2.6 on); before, a CUDA-only prototype.
+try:
+    from torch.distributed.fsdp import fully_shard as _FULLY_SHARD
+except ImportError:
+    _FULLY_SHARD = None
+
+
 def _ddp_steps(model, opt) -> list:
     """Two DDP steps and two FSDP2 steps in a one-process gloo group (the gradient
     sync's hooks)."""
     import tempfile
 
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
     losses = []
@@ -166,9 +172,11 @@ def _ddp_steps(model, opt) -> list:
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
+            if _FULLY_SHARD is None:
+                return losses
             torch.manual_seed(0)
             sharded = make_model()
-            fully_shard(sharded)  # FSDP2: its all-gathers and reduce-scatters
+            _FULLY_SHARD(sharded)  # FSDP2: its all-gathers and reduce-scatters
             sharded_opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
             for x, y in DataLoader(make_dataset(16), batch_size=8):
                 loss = F.cross_entropy(sharded(x), y)
@@ -211,6 +219,8 @@ def test_the_entry_points_cover_every_call_from_a_hook_into_the_tracker(instrume
 @pytest.mark.parametrize("module,caller,method", ENTRY_POINTS, ids=[f"{c}->{m}" for _, c, m in ENTRY_POINTS])
 def test_a_fault_behind_any_hook_entry_point_is_contained_and_counted(instrumented, reference, module, caller,
                                                                       method):
+    if caller == "_fsdp_collective" and _FULLY_SHARD is None:
+        pytest.skip("FSDP2 on the CPU needs torch 2.6 or later (the loop runs no FSDP2 step here)")
     tel = instrumented()
     fired = []
 
@@ -255,7 +265,8 @@ def test_a_fault_in_a_consumer_is_contained_and_the_others_still_get_every_step(
     assert fired and tel.runtime.telemetry.errors["pipeline"] >= 1
     if consumer != "summary":
         train = tel.runtime.summary_dict()["modes"]["train"]
-        assert train["steps"] == 15  # 2 Grain batches, 2 epochs of 4 steps, 2 DDP steps, 2 FSDP steps and the manual one
+        # 2 Grain batches, 2 epochs of 4 steps, 2 DDP steps, 2 FSDP steps (torch 2.6 on) and the manual one
+        assert train["steps"] == (15 if _FULLY_SHARD is not None else 13)
         assert {p["name"] for p in train["phases"]} >= {"dataloader_next", "forward", "augment"}
     if consumer != "spans":
         assert tel.spans(), "spans stopped with another consumer's fault"

@@ -23,6 +23,7 @@ is what they block the training thread for.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -54,9 +55,8 @@ class GradSync:
         except Exception:  # pragma: no cover - torch without distributed
             return self
         self._handles.wrap(DistributedDataParallel, "__init__", self._ddp_init)
-        try:
-            from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-        except Exception:  # torch without FSDP2
+        FSDPParamGroup = _fsdp_param_group()
+        if FSDPParamGroup is None:  # torch without FSDP2
             return self
         for name in _FSDP_COLLECTIVES:
             if hasattr(FSDPParamGroup, name):
@@ -125,3 +125,20 @@ class GradSync:
                 self._events.waited(sc.PHASE_COMMUNICATION, since)
             except Exception as exc:
                 self._on_error("communication", exc)
+
+
+def _fsdp_param_group() -> Any:
+    """FSDP2's parameter-group class: public ``fully_shard`` since torch 2.6, the
+    ``_composable`` prototype before (CUDA only there)."""
+    for name in (
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group",
+        "torch.distributed._composable.fsdp._fsdp_param_group",
+    ):
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            continue
+        cls = getattr(module, "FSDPParamGroup", None)
+        if cls is not None:
+            return cls
+    return None
