@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import otel_training
-from otel_training.aggregate.job import JobClock, slow_steps
+from otel_training.aggregate.ideal_step import slow_steps
+from otel_training.aggregate.job import JobClock
 from otel_training.diagnosis.goodput_findings import job_findings
 from otel_training.diagnosis.goodput_text import (
     bar,

@@ -27,10 +27,10 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from operator import attrgetter, itemgetter, ne
-from statistics import median
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training.aggregate.ideal_step import slow_steps
 from otel_training.record.activities import CHECKPOINT, COMPILE, LOAD, RECOMPILE, SAVE, UNKNOWN, ActivityLog
 
 STARTUP, TRAIN, EVAL, OTHER, SHUTDOWN = "startup", sc.MODE_TRAIN, sc.MODE_EVAL, "other", "shutdown"
@@ -39,7 +39,7 @@ _PENDING = "_pending"  # time after the last step so far: other if a step follow
 _RECENT = 1024  # pieces of unnamed time a named phase that held steps can still claim
 _MAX_NAMES = 16  # user names kept as activities of their own (the rest: "(named)")
 _MAX_RECOMPILED = 20  # steps listed with the recompilations they hit
-MAD_FACTOR = 3.0  # ml-goodput-measurement: steps above median + 3 MAD are anomalous
+_MAX_SAVES = 64  # saves kept with their global step (a resume goes back to one of the last)
 _HOST, _MODE = attrgetter("host"), attrgetter("mode")
 _FIRST, _LAST = itemgetter(0), itemgetter(-1)
 
@@ -66,6 +66,9 @@ class JobClock:
         self._first_compile_step: tuple[str, int] | None = None
         self._compile_steps: dict[tuple[str, int], list] = {}  # (mode, step) -> [compilations, ns]
         self._compile_in_train = 0  # compile ns inside train steps (kept out of the slow-step badput)
+        self._saves: deque[list] = deque(maxlen=_MAX_SAVES)  # [global step, train ns by then] of tagged saves
+        self._unmarked = False  # a save's train ns is taken once the step holding it is in
+        self.restart_s = 0.0  # the gap before this attempt of a restarted run (runtime/attempts.py)
         self._end: int | None = None
         self._finished = False
         self._lock = threading.Lock()
@@ -182,6 +185,19 @@ class JobClock:
         with self._lock:
             return self._between_activity
 
+    def saves(self) -> list[tuple[int, float]]:
+        """(global step, train seconds by then) of the saves that knew their global
+        step, oldest first."""
+        with self._lock:
+            train = self._ns.get(TRAIN, 0)
+            return [(step, (train if ns is None else ns) / 1e9) for step, ns in self._saves]
+
+    def wall_s(self) -> float:
+        """Seconds from the process's start to its end (to now while it runs)."""
+        with self._lock:
+            end = self._end if self._end is not None else time.perf_counter_ns()
+            return max(0, end - self.started) / 1e9
+
     def started_steps(self) -> bool:
         with self._lock:
             return self._first is not None
@@ -288,6 +304,8 @@ class JobClock:
             self._count(iv)
         if ns > 0:
             self._ns[activity] = self._ns.get(activity, 0) + ns
+        if self._unmarked:
+            self._mark()
         if step is None and activity in (STARTUP, _PENDING):
             if end > at:
                 pieces.append((at, end))
@@ -298,6 +316,18 @@ class JobClock:
         items = self.log.items
         while items and items[0].start < end:
             self._count(items.popleft())
+        if self._unmarked:
+            self._mark()
+
+    def _mark(self) -> None:
+        """Saves counted since the last mark: the train time up to them (the step that
+        held one included: its work is in the checkpoint)."""
+        train = self._ns.get(TRAIN, 0)
+        for save in reversed(self._saves):
+            if save[1] is not None:
+                break
+            save[1] = train
+        self._unmarked = False
 
     def _count(self, iv: Any) -> None:
         """One interval, whole, in its own activity."""
@@ -313,6 +343,9 @@ class JobClock:
             if op is not None:
                 op[0] += 1
                 op[1] += ns
+            if iv.op == SAVE and iv.step is not None:
+                self._saves.append([iv.step, None])
+                self._unmarked = True
         elif iv.kind == COMPILE:
             self._compiles += 1
             if iv.op == RECOMPILE:
@@ -359,23 +392,3 @@ class JobClock:
             else:
                 kept.append([a, b, activity])
         recent.extend(sorted(kept))
-
-
-def slow_steps(durations: Sequence[float], steps: int, compile_s: float = 0.0) -> tuple:
-    """(ideal step time, slow-step badput s, slow steps) from train step times:
-    ml-goodput-measurement's ideal step time (the mean of the steps at most median +
-    3 MAD), the time steps above that bound lost against it (scaled to ``steps`` when
-    ``durations`` was thinned), less ``compile_s`` (compile time inside train steps,
-    which is accounted as ``compile``). (None, 0.0, 0) without steps."""
-    ds = [d for d in durations if d > 0]
-    if not ds:
-        return None, 0.0, 0
-    med = median(ds)
-    mad = median([abs(d - med) for d in ds])
-    bound = med + MAD_FACTOR * mad
-    normal = [d for d in ds if d <= bound]
-    ideal = sum(normal) / len(normal) if normal else med
-    slow = [d for d in ds if d > bound]
-    scale = steps / len(ds) if steps > len(ds) else 1.0
-    lost = sum(d - ideal for d in slow) * scale
-    return ideal, max(0.0, lost - compile_s), round(len(slow) * scale)

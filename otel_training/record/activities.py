@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from otel_training import semconv as sc
 from otel_training.handles import Handles, Patch
+from otel_training.record.global_step import GlobalStep
 from otel_training.record.import_hooks import ModuleHooks
 
 CHECKPOINT = "checkpoint"
@@ -92,6 +93,7 @@ class Interval(NamedTuple):
     end: int
     what: str  # the function called ("torch.save"), or torch's compile id
     op: str  # checkpoint: SAVE / LOAD; compile: FIRST / RECOMPILE / BACKWARD / UNKNOWN
+    step: int | None = None  # a save: the framework's global step (record/global_step.py)
 
 
 class ActivityLog:
@@ -129,9 +131,16 @@ def compile_op(args: tuple) -> tuple[str, str]:
 class Activities:
     """Times checkpoint calls and compilations on the training thread into ``log``."""
 
-    def __init__(self, tracker: Any, log: ActivityLog, on_error: Callable[[str, BaseException], None]) -> None:
+    def __init__(
+        self,
+        tracker: Any,
+        log: ActivityLog,
+        on_error: Callable[[str, BaseException], None],
+        global_step: GlobalStep | None = None,
+    ) -> None:
         self._tracker = tracker
         self.log = log
+        self._global_step = global_step
         self._on_error = on_error
         self._patches = Handles()
         self._depth = 0  # open intervals on the training thread (nested calls: the outermost counts)
@@ -233,7 +242,10 @@ class Activities:
                 try:
                     activities._depth -= 1
                     if start and not activities._depth:
-                        activities.log.add(Interval(CHECKPOINT, start, _clock(), label, op))
+                        end = _clock()
+                        gs = activities._global_step
+                        step = gs.current() if gs is not None and op == SAVE else None
+                        activities.log.add(Interval(CHECKPOINT, start, end, label, op, step))
                 except Exception as exc:
                     activities._on_error(CHECKPOINT, exc)
 
