@@ -104,6 +104,16 @@ def _file(name: str, raw: str) -> str | None:
     return value
 
 
+def _folder_or_none(name: str, raw: str) -> str:
+    """A folder (created when needed), or ``none``: "" (not kept)."""
+    if raw.strip().lower() in ("none", "off", "false"):
+        return ""
+    value = _path(name, raw)
+    if value is None or os.path.isfile(value):
+        raise ConfigError(f"{name}={raw!r} is not valid: use a folder path, or none")
+    return value
+
+
 _INTEGRATIONS = ("lightning", "transformers")
 
 
@@ -139,6 +149,7 @@ class Config:
     flops_per_step: float | None = None  # None: counted once on a real step; 0: no FLOPs
     peak_flops: float | None = None  # None: the GPU table
     memory: bool = True
+    attempts_dir: str | None = None  # None: the node's temporary directory; "": not kept
 
 
 # field name -> (variable, parser)
@@ -159,6 +170,7 @@ _SPEC: Mapping[str, tuple] = {
     "flops_per_step": (ev.OTEL_TRAINING_FLOPS_PER_STEP, _number(0.0, exclusive=True, zero_ok=True)),
     "peak_flops": (ev.OTEL_TRAINING_PEAK_FLOPS, _number(0.0, exclusive=True)),
     "memory": (ev.OTEL_TRAINING_MEMORY, _bool),
+    "attempts_dir": (ev.OTEL_TRAINING_ATTEMPTS_DIR, _folder_or_none),
 }
 
 assert set(_SPEC) == {f.name for f in fields(Config)}
@@ -206,4 +218,5 @@ _DEFAULT_WORDS = {
     "flops_per_step": "counted once on a real step",
     "peak_flops": "the GPU model's datasheet peak",
     "integrations": "all (lightning, transformers)",
+    "attempts_dir": "the node's temporary directory",
 }

@@ -48,6 +48,7 @@ ATTR_COMPONENT = "training.telemetry.component"
 ATTR_TOKENS = "training.step.tokens"  # token ids in the step's batches (padding left out)
 ATTR_HW_ID = "hw.id"  # the GPU's UUID (memory metrics of a CUDA device), as the hardware gauges
 ATTR_ACTIVITY = "training.activity"  # what the process's wall time went to (training.job.time)
+ACTIVITY_RESTART = "restart"  # training.job.time: the gap before a restarted run's attempt
 
 MODE_TRAIN = "train"
 MODE_EVAL = "eval"

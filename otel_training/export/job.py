@@ -1,7 +1,9 @@
 """The process's wall time by activity, and goodput, as observable instruments.
 
 ``training.job.time`` (counter, s, ``training.activity``): the seconds of each
-activity so far (aggregate/job.py), read from the ``JobClock`` at each collection;
+activity so far (aggregate/job.py), read from the ``JobClock`` at each collection,
+and ``restart``: the time between a restarted run's previous attempt and this process
+(runtime/attempts.py);
 ``training.goodput`` (gauge, 1): train time over the wall time accounted so far.
 Nothing is reported before the first step (start-up is known once it has ended, so
 its whole value arrives at once and a windowed ``rate()`` never counts a run's
@@ -37,17 +39,22 @@ class _Observed:
         self._reported = {}
         self._by_activity = {}
 
-    def _totals(self) -> dict[str, float] | None:
+    def _totals(self, restart: bool = False) -> dict[str, float] | None:
+        """Seconds by activity; with ``restart``, the gap before this attempt of a
+        restarted run too (not the process's own time: no part of its goodput)."""
         clock = self.clock() if self.clock is not None else None
         if clock is None or not clock.started_steps():
             return None
-        return clock.totals()
+        totals = clock.totals()
+        if restart and clock.restart_s > 0:
+            totals[sc.ACTIVITY_RESTART] = clock.restart_s
+        return totals
 
     def time(self, options: Any) -> Iterable:
         from opentelemetry.metrics import Observation
 
         try:
-            totals = self._totals()
+            totals = self._totals(restart=True)
             if not totals:
                 return []
             out = []

@@ -45,6 +45,16 @@ class Bridge:
         except Exception:  # pragma: no cover - nothing left to report to
             pass
 
+    def follow_global_step(self, read: Callable[[], object]) -> None:
+        """Training begins (a resume restored the count already): ``read()`` tells the
+        framework's global step (record/global_step.py)."""
+        try:
+            goodput = getattr(self._provider(), "goodput", None)
+            if goodput is not None:
+                goodput.global_step.follow(read)
+        except Exception as exc:
+            self.error(exc)
+
     def start_step(self) -> None:
         t = self.tracker()
         if t is not None:

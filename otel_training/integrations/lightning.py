@@ -9,6 +9,8 @@ profiler instance (the user's profiler keeps working) and map its actions:
   for data is the step's ``dataloader_next``; the step lasts until the next fetch;
 - a loop-level hook (``on_train_epoch_end``, ``on_validation_start``, ...) ends it;
 - ``batch_to_device`` is the ``to_device`` phase;
+- the module's ``on_train_start`` hands ``trainer.global_step`` to goodput (a resumed
+  attempt's lost progress);
 - every *overridden* Callback / LightningModule / LightningDataModule hook is a user
   phase ``callback.<Class>.<hook>`` (compute hooks such as ``optimizer_step`` excluded).
 
@@ -55,7 +57,7 @@ _COMPUTE_HOOKS = frozenset(
         "on_load_checkpoint",
     }
 )
-_NONE, _STEP, _LOOP, _PHASE, _TO_DEVICE = range(5)
+_NONE, _STEP, _LOOP, _PHASE, _TO_DEVICE, _TRAIN_START = range(6)
 
 
 class _Tap:
@@ -103,6 +105,10 @@ class _Tap:
             self.bridge.start_step()
         elif kind == _LOOP:
             self.bridge.discard_empty_step()
+        elif kind == _TRAIN_START:  # the checkpoint of a resumed fit is restored by now
+            self.bridge.discard_empty_step()
+            trainer = self.trainer
+            self.bridge.follow_global_step(lambda: getattr(trainer(), "global_step", None))
         elif phase is not None and self.bridge.begin(phase, auto=kind == _TO_DEVICE):
             self.open.append((action, phase))
 
@@ -122,6 +128,8 @@ class _Tap:
             target, _, hook = rest.rpartition(".")
             if source == "Strategy":
                 result = (_TO_DEVICE, sc.PHASE_TO_DEVICE) if hook == "batch_to_device" else (_NONE, None)
+            elif source == "LightningModule" and hook == "on_train_start":
+                result = (_TRAIN_START, None)
             elif _LOOP_HOOK.match(hook):
                 result = (_LOOP, None)
             elif source in ("Callback", "LightningModule", "LightningDataModule"):

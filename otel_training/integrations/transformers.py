@@ -14,7 +14,9 @@ DataLoader ``__next__`` calls do not line up with optimizer steps. Here:
   eval step per batch, accelerate's fetch-ahead joining the step that uses the batch
   (docs/steps.md); the last eval step ends with the loop;
 - accelerate's ``send_to_device`` and ``Trainer._prepare_inputs`` are ``to_device``;
-- every overridden ``TrainerCallback`` hook is a phase ``callback.<Class>.<event>``.
+- every overridden ``TrainerCallback`` hook is a phase ``callback.<Class>.<event>``;
+- ``on_train_begin`` hands the ``TrainerState``'s global step to goodput (a resumed
+  attempt's lost progress).
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ class Integration:
         try:
             if event in _END_EVENTS:
                 self.bridge.discard_empty_step()
+            elif event == "on_train_begin":  # a resume restored the state's global step
+                state = args[2] if len(args) > 2 else kwargs.get("state")
+                if state is not None:
+                    self.bridge.follow_global_step(lambda: state.global_step)
             elif event == "on_step_begin" and not self.has_batch_samples:
                 self.bridge.start_step()
             for cb in instance.callbacks:

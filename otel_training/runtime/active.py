@@ -29,6 +29,7 @@ from otel_training.handles import Handles
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.tracker import Tracker
 from otel_training.runtime import processes
+from otel_training.runtime.attempts import attempt_file
 from otel_training.runtime.goodput import Goodput
 from otel_training.runtime.measures import StepMeasures
 from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
@@ -84,7 +85,8 @@ class Runtime(ProcessEvents):
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.trace_file = self._trace_file(config, summary_info, offset)
         self.measures = StepMeasures(config, meter, common, self.on_error)  # throughput, FLOPs, memory
-        self.goodput = Goodput(self.on_error)  # the process's wall time by activity (goodput.py)
+        attempts = attempt_file(config.attempts_dir, run_id(), self.info.rank, os.environ)
+        self.goodput = Goodput(self.on_error, attempts)  # the process's wall time by activity (goodput.py)
         self.pipeline = Pipeline(
             spans=StepSpans(tracer, common, offset),
             metrics=StepMetrics(
@@ -202,6 +204,7 @@ class Runtime(ProcessEvents):
         if _CURRENT is self:
             _CURRENT = None
         self.tracker.disable()
+        self.goodput.abandon()  # the parent keeps the attempt's record
         self.pipeline.abandon(wake=not forked)  # a spawned worker started its own pipeline thread
         if self.guard is not None:
             self.guard.silence(join_timeout=0.0 if forked else 0.5)

@@ -6,6 +6,9 @@
   named time between steps, splits the process's wall time into activities;
 - collection: ``training.job.time`` and ``training.goodput`` (``export/job.py``).
 
+- a restarted run: this attempt's record, and the earlier attempts' (``attempts.py``);
+  a writer thread rewrites the record every ``WRITE_EVERY_S`` seconds.
+
 ``Runtime`` makes one ``Goodput`` before its pipeline (the clock is one of its
 consumers), installs it with the other hooks, marks the end when the program's code
 returns, finishes it once the pipeline has stopped, and adds its ``job`` section to
@@ -16,12 +19,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from otel_training.aggregate.job import JobClock
 from otel_training.record.activities import Activities, ActivityLog
+from otel_training.record.global_step import GlobalStep
+from otel_training.runtime.attempts import WRITE_EVERY_S, AttemptFile, lost_progress, run_view
 
 if TYPE_CHECKING:
     from otel_training.record.tracker import Tracker
@@ -65,30 +71,103 @@ def process_start_ns(now_ns: int) -> tuple[int | None, str]:
 class Goodput:
     """The activity log, the clock and its instruments of one runtime."""
 
-    def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
+    def __init__(self, on_error: Callable[[str, BaseException], None], attempts: AttemptFile | None = None) -> None:
         now = time.perf_counter_ns()
         started, source = process_start_ns(now)
         if started is None:  # no procfs nor psutil: from when instrumentation began
             started, source = now, "instrumentation"
+        self._offset = time.time_ns() - now  # perf_counter ns -> epoch ns
         self.log = ActivityLog()
         self.clock = JobClock(started, self.log, source)
+        self.global_step = GlobalStep()  # told by the framework integrations
         self.activities: Activities | None = None
+        self.attempts = attempts
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = None
         self._on_error = on_error
 
     def install(self, tracker: Any, handles: Any, meter: Any, attributes: dict) -> None:
         """Time checkpoints and compilations on ``tracker``'s thread (removed with
         ``handles``) and register the instruments on ``meter``."""
         try:
-            self.activities = handles.add(Activities(tracker, self.log, self._on_error))
+            self.activities = handles.add(Activities(tracker, self.log, self._on_error, self.global_step))
             self.activities.install()
         except Exception as exc:  # steps are timed all the same; the activities count as their surroundings
             self._on_error("activities", exc)
+        if self.attempts is not None:
+            self._restarted()
         try:
             from otel_training.export import job
 
             job.register(meter, self.clock, attributes, self._on_error)
         except Exception as exc:
             self._on_error("metrics", exc)
+
+    # -- a restarted run --------------------------------------------------------------------
+    def _restarted(self) -> None:
+        """Read the earlier attempts (the restart before this one counts from the last's
+        end), and keep this one's record from now on."""
+        attempts = self.attempts
+        assert attempts is not None
+        try:
+            previous = attempts.load()
+            if previous:
+                ended = float(previous[-1].get("ended_unix") or 0.0)
+                started = (self.clock.started + self._offset) / 1e9
+                self.clock.restart_s = max(0.0, started - ended) if ended else 0.0
+            self._writer = threading.Thread(target=self._write_every, name="otel-training-attempts", daemon=True)
+            self._writer.start()
+        except Exception as exc:  # no restart counted; training goes on
+            self.attempts = None
+            self._on_error("attempts", exc)
+
+    def _write_every(self) -> None:
+        while not self._stop.wait(WRITE_EVERY_S):
+            if self.clock.started_steps():
+                self._write(final=False)
+
+    def _write(self, final: bool) -> None:
+        attempts = self.attempts
+        if attempts is None:
+            return
+        try:
+            attempts.write(self.record(final))
+        except Exception as exc:  # an unwritable folder: a later attempt counts no restart
+            self.attempts = None
+            self._on_error("attempts", exc)
+
+    def record(self, final: bool) -> dict:
+        """This attempt as the next one reads it (attempts.py)."""
+        clock = self.clock
+        totals = clock.totals()
+        wall = clock.wall_s()
+        started = (clock.started + self._offset) / 1e9
+        attempts = self.attempts
+        previous = attempts.previous[-1] if attempts is not None and attempts.previous else None
+        resumed = self.global_step.resumed_at
+        steps, lost = lost_progress(previous, resumed) if previous is not None else (0, 0.0)
+        return {
+            "attempt": attempts.number if attempts is not None else 0,
+            "restart_count": attempts.restart_count if attempts is not None else None,
+            "pid": os.getpid(),
+            "started_unix": started,
+            "ended_unix": started + wall,
+            "final": final,
+            "wall_s": wall,
+            "activities": totals,
+            "train_s": totals.get("train", 0.0),
+            "restart_s": clock.restart_s,
+            "lost_progress_s": lost,
+            "lost_steps": steps,
+            "resumed_at": resumed,
+            "global_step": self.global_step.current(),
+            "saves": [[step, train] for step, train in clock.saves()],
+        }
+
+    def abandon(self) -> None:
+        """A child process (a DataLoader worker): no record of its own."""
+        self.attempts = None
+        self._stop.set()
 
     def end(self) -> None:
         """The program is exiting: its wall time ends here (the first call counts)."""
@@ -104,6 +183,12 @@ class Goodput:
             self.clock.finish()
         except Exception as exc:
             self._on_error("shutdown", exc)
+        self._stop.set()
+        if self.attempts is not None and self.clock.started_steps():
+            writer = self._writer
+            if writer is not None and writer is not threading.current_thread():
+                writer.join(1.0)  # a periodic write under way ends before the last one
+            self._write(final=True)
 
     def summarize(self, summary: dict, run_summary: Any) -> None:
         """Add the ``job`` section (after the first step) to a run summary."""
@@ -111,9 +196,29 @@ class Goodput:
             durations, steps = run_summary.step_durations("train")
             job = self.clock.to_dict(durations, steps)
             if job is not None:
+                self._attempt(job)
                 summary["job"] = job
         except Exception as exc:
             self._on_error("summary", exc)
+
+    def _attempt(self, job: dict) -> None:
+        """A restarted run: this attempt's restart and lost progress, and the run over
+        its attempts."""
+        attempts = self.attempts
+        if attempts is None or not attempts.previous:
+            return
+        current = self.record(final=True)
+        previous = attempts.previous[-1]
+        job["attempt"] = {
+            "number": attempts.number,
+            "restart_s": current["restart_s"],
+            "lost_progress_s": current["lost_progress_s"],
+            "lost_steps": current["lost_steps"],
+            "resumed_at_step": current["resumed_at"],
+            "previous_last_step": previous.get("global_step"),
+            "previous_exit": "recorded" if previous.get("final") else "killed (its last record)",
+        }
+        job["run"] = run_view([*attempts.previous, current])
 
     def self_check(self, coverage: Any, tracker: Tracker) -> list[dict]:
         """The coverage self-check, with checkpoint and compile time between steps

@@ -39,6 +39,9 @@ def otel_env(endpoint: Optional[str], tmp: Optional[Path] = None, **extra: str) 
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
     if tmp is not None:
         env["TMPDIR"] = str(tmp)
+    # Attempt records of runs with a fixed run id stay in the test's folder (none without
+    # one): a rerun of the suite is no restart of its runs.
+    env["OTEL_TRAINING_ATTEMPTS_DIR"] = str(tmp / "attempts") if tmp is not None else "none"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
