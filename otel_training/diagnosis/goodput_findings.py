@@ -19,6 +19,7 @@ THRESHOLDS = {
     "other": 0.10,
     "named": 0.15,
     "slow_steps": 0.10,
+    "restart": 0.10,  # restarts and lost progress, of the run's wall time over its attempts
 }
 BUILTIN = ("startup", "compile", "train", "eval", "checkpoint", "other", "shutdown")
 
@@ -147,5 +148,32 @@ def job_findings(job: dict | None, coverage: dict | None = None) -> list[Finding
                 ],
             )
         )
+    restart = _restart_finding(job.get("run"))
+    if restart is not None:
+        out.append(restart)
     out.sort(key=lambda f: f.score, reverse=True)
     return out
+
+
+def _restart_finding(run: dict | None) -> Finding | None:
+    """Restart-bound: the time between a restarted run's attempts and the train steps
+    a resumed attempt did again, as a share of the run's wall time."""
+    if not run or not run.get("wall_s"):
+        return None
+    wall = float(run["wall_s"])
+    restart, lost = float(run.get("restart_s") or 0.0), float(run.get("lost_progress_s") or 0.0)
+    share = (restart + lost) / wall
+    if share < THRESHOLDS["restart"]:
+        return None
+    detail = (
+        f"restarts ({_s(restart)}) and progress lost to resuming from an earlier checkpoint ({_s(lost)}) "
+        f"are {_pct(share)} of the run's {_s(wall)} over {run.get('attempts')} attempts"
+    )
+    advice = [
+        "find why the attempt before failed: its rank's traceback (decorate main with "
+        "torch.distributed.elastic.multiprocessing.errors.record for torchrun's error file)",
+        "checkpoint more often, so a resume redoes less: torch.distributed.checkpoint.async_save keeps a save cheap",
+        "restart faster: keep torch.compile's caches (TORCHINDUCTOR_CACHE_DIR) and data set indexes on a "
+        "persistent disk",
+    ]
+    return Finding("restart_bound", share, "restart-bound", detail, advice)

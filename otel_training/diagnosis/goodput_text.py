@@ -12,9 +12,11 @@ from otel_training.diagnosis.words import plural
 WIDTH = 40
 # One character per activity in the bar, in the order shown; a user's named phase: "N".
 SYMBOLS = {
+    "restart": "R",  # a restarted run: between its attempts
     "startup": "S",
     "compile": "C",
     "train": "#",
+    "lost_progress": "x",  # train steps a resumed attempt did again
     "eval": "E",
     "checkpoint": "K",
     "other": ".",
@@ -23,9 +25,11 @@ SYMBOLS = {
 NAMED = "N"
 # The page's colours per activity (named phases: NAMED_COLOR).
 COLORS = {
+    "restart": "#c62828",
     "startup": "#9e9e9e",
     "compile": "#8e24aa",
     "train": "#2e7d32",
+    "lost_progress": "#ef9a9a",
     "eval": "#1565c0",
     "checkpoint": "#ef6c00",
     "other": "#d7ccc8",
@@ -38,7 +42,18 @@ def _ordered(job: dict) -> list[tuple[str, float]]:
     """(activity, seconds) with time in it: ours in a fixed order, named phases before other."""
     act = job.get("activities") or {}
     named = [k for k in act if k not in SYMBOLS]
-    order = ["startup", "compile", "train", "eval", "checkpoint", *named, "other", "shutdown"]
+    order = [
+        "restart",
+        "startup",
+        "compile",
+        "train",
+        "lost_progress",
+        "eval",
+        "checkpoint",
+        *named,
+        "other",
+        "shutdown",
+    ]
     return [(k, float(act[k])) for k in order if float(act.get(k) or 0.0) > 0]
 
 
@@ -111,7 +126,40 @@ def goodput_lines(job: dict, indent: str = "  ", who: str = "") -> list[str]:
         extra.append(text)
     if extra:
         lines.append(f"{indent}  " + "; ".join(extra))
-    return lines
+    return lines + attempt_lines(job, indent)
+
+
+def attempt_lines(job: dict, indent: str = "  ") -> list[str]:
+    """A restarted run: this attempt's restart and lost progress, and the run's goodput
+    over its attempts with its bar."""
+    attempt, run = job.get("attempt"), job.get("run")
+    if not attempt or not run:
+        return []
+    n = int(attempt.get("number") or 0)
+    text = (
+        f"{indent}restart: attempt {n + 1} of this run began {_s(float(attempt.get('restart_s') or 0.0))} "
+        f"after attempt {n} ended ({attempt.get('previous_exit')})"
+    )
+    if attempt.get("lost_steps"):
+        text += (
+            f"; resumed at global step {attempt.get('resumed_at_step')}: "
+            f"{plural(int(attempt['lost_steps']), 'step')} of attempt {n} "
+            f"({_s(float(attempt.get('lost_progress_s') or 0.0))} of train time) done again"
+        )
+    elif attempt.get("resumed_at_step") is not None:
+        text += f"; resumed at global step {attempt.get('resumed_at_step')}, no progress lost"
+    wall = float(run.get("wall_s") or 0.0)
+    head = (
+        f"{indent}run goodput over {run.get('attempts')} attempts: {100 * float(run.get('goodput') or 0.0):.1f}% "
+        f"of {_s(wall)} (restarts {_s(float(run.get('restart_s') or 0.0))}, lost progress "
+        f"{_s(float(run.get('lost_progress_s') or 0.0))})"
+    )
+    return [text, head, f"{indent}  {bar(run)}", f"{indent}  {legend(run)}"]
+
+
+def run_goodput(job: dict) -> float:
+    """A rank's goodput: over the run's attempts where it restarted, else its process's."""
+    return float((job.get("run") or job).get("goodput") or 0.0)
 
 
 def finding_lines(job: dict, coverage: dict | None = None, advice: int = 3, indent: str = "") -> list[str]:
@@ -142,9 +190,10 @@ def report_lines(report: dict) -> list[str]:
         who = f" (rank {j['rank']})" if len(jobs) > 1 and j.get("rank") is not None else ""
         lines.extend(goodput_lines(j, "", who))
     if len(jobs) > 1:
-        mean = sum(float(j.get("goodput") or 0.0) for j in jobs) / len(jobs)
-        lines.append(f"job goodput: {100 * mean:.1f}% (mean over {len(jobs)} ranks)")
-    worst = min(jobs, key=lambda j: float(j.get("goodput") or 0.0))
+        mean = sum(run_goodput(j) for j in jobs) / len(jobs)
+        over = ", over the run's attempts" if any(j.get("run") for j in jobs) else ""
+        lines.append(f"job goodput: {100 * mean:.1f}% (mean over {len(jobs)} ranks{over})")
+    worst = min(jobs, key=run_goodput)
     coverage = next(
         (c for c in report.get("coverage") or [] if c.get("rank") == worst.get("rank")),
         None,
@@ -171,8 +220,16 @@ def job_html(report: dict) -> str:
             f'background:{COLORS.get(k, NAMED_COLOR)}"></span>'
             for k, s in _ordered(j)
         )
+        run = j.get("run") or {}
+        over = (
+            f"; over the run's {run.get('attempts')} attempts {100 * run_goodput(j):.1f}% "
+            f"(restarts {_e(_s(float(run.get('restart_s') or 0.0)))}, lost progress "
+            f"{_e(_s(float(run.get('lost_progress_s') or 0.0)))})"
+            if run
+            else ""
+        )
         out.append(
-            f'<p class="meta">{_e(who)}goodput {100 * float(j.get("goodput") or 0.0):.1f}% of {_e(_s(wall))}</p>'
+            f'<p class="meta">{_e(who)}goodput {100 * float(j.get("goodput") or 0.0):.1f}% of {_e(_s(wall))}{over}</p>'
             f'<div class="goodput" style="width:100%;white-space:nowrap;overflow:hidden;'
             f'border:1px solid #ccc;line-height:0">{segments}</div>'
         )
