@@ -1,0 +1,65 @@
+"""A plain loop that checkpoints with torch.save every few steps and, in its first
+attempt under torchrun (``TORCHELASTIC_RESTART_COUNT=0``), fails after a checkpoint;
+the next attempt resumes from the checkpoint and finishes. No otel-training import.
+
+Writes its own clock per attempt to ``<clock>/attempt-<n>.json`` (wall-clock
+seconds): the script's first line, its first step, the failure, the end."""
+
+import time
+
+FIRST_LINE = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--every", type=int, default=10)
+p.add_argument("--fail-at", type=int, default=25)
+p.add_argument("--step-ms", type=float, default=20.0)
+p.add_argument("--dir", required=True)
+args = p.parse_args()
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+clock = {"first_line": FIRST_LINE}
+
+
+def save_clock():
+    with open(os.path.join(args.dir, f"attempt-{attempt}.json"), "w") as fh:
+        json.dump(clock, fh)
+
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=4)
+ckpt = os.path.join(args.dir, "ckpt.pt")
+step = 0
+if os.path.exists(ckpt):
+    state = torch.load(ckpt)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    step = state["step"]
+while step < args.steps:
+    for x, y in loader:
+        if "first_step" not in clock:
+            clock["first_step"] = time.time()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_ms / 1e3)
+        step += 1
+        if step % args.every == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
+        if attempt == 0 and step == args.fail_at:
+            clock["failed"] = time.time()
+            save_clock()
+            raise RuntimeError(f"planted failure at step {step}")
+        if step >= args.steps:
+            break
+clock["end"] = time.time()
+save_clock()

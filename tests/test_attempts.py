@@ -1,0 +1,236 @@
+"""A restarted run: restart time and lost progress across attempts.
+
+End to end, real processes: ``torchrun --max-restarts=1`` restarting a plain loop
+that fails once (restart time, its metric, the attempt records), and an HF
+``Trainer`` and a Lightning run that fail after a checkpoint and are run again,
+resuming from it (the global steps redone and their train time against the script's
+own clock). The attempt file's rules and the run's accounting are checked on real
+files."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from otel_training.config import ConfigError, load_config
+from otel_training.diagnosis.goodput_findings import job_findings
+from otel_training.diagnosis.goodput_text import goodput_lines, report_lines
+from otel_training.export import job as job_export
+from otel_training.runtime.attempts import AttemptFile, attempt_file, lost_progress, run_view
+from tests.otlp_receiver import OTLPReceiver, free_port
+from tests.scripts.harness import BIN, ROOT, SCRIPTS, otel_env, run
+
+TOLERANCE = 0.15
+
+
+def _attempt(**fields) -> dict:
+    base = {"restart_count": None, "started_unix": 100.0, "ended_unix": 110.0, "final": True, "wall_s": 10.0,
+            "activities": {"startup": 2.0, "train": 7.0, "checkpoint": 1.0}, "train_s": 7.0, "restart_s": 0.0,
+            "lost_progress_s": 0.0, "lost_steps": 0, "resumed_at": None, "global_step": None, "saves": []}
+    base.update(fields)
+    return base
+
+
+def _file(tmp_path, attempts: list, run_id: str = "r") -> None:
+    path = tmp_path / run_id / "rank-0.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run_id": run_id, "rank": 0, "attempts": attempts}))
+
+
+# -- which earlier attempts a process links to -------------------------------------------
+def test_torchrun_restart_count_decides_what_is_a_restart(tmp_path):
+    _file(tmp_path, [_attempt(restart_count=0)], "none")
+    assert AttemptFile(str(tmp_path), "none", 0, 0).load() == []  # a new run of the same id
+    linked = AttemptFile(str(tmp_path), "none", 0, 1)
+    assert len(linked.load()) == 1 and linked.number == 1
+    _file(tmp_path, [_attempt(restart_count=2)], "none")  # left by another run of id "none"
+    assert AttemptFile(str(tmp_path), "none", 0, 1).load() == []
+    assert AttemptFile(str(tmp_path), "none", 1, 1).load() == []  # another rank's file: none
+
+
+def test_a_run_id_the_user_set_links_reruns_and_a_made_up_one_keeps_nothing(tmp_path):
+    _file(tmp_path, [_attempt(), _attempt()], "mine")
+    f = attempt_file(str(tmp_path), "mine", 0, {"OTEL_TRAINING_RUN_ID": "mine"})
+    assert f is not None and len(f.load()) == 2 and f.number == 2
+    assert attempt_file(str(tmp_path), "3f2a", 0, {}) is None
+    assert attempt_file("", "mine", 0, {"OTEL_TRAINING_RUN_ID": "mine"}) is None  # =none
+    torchrun = attempt_file(None, "none", 3, {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert torchrun is not None and torchrun.restart_count == 2 and torchrun.path.name == "rank-3.json"
+
+
+def test_an_unreadable_or_foreign_file_is_no_earlier_attempt(tmp_path):
+    path = tmp_path / "r" / "rank-0.json"
+    path.parent.mkdir(parents=True)
+    for text in ("{not json", json.dumps({"run_id": "other", "attempts": [_attempt()]}), json.dumps([1, 2])):
+        path.write_text(text)
+        assert AttemptFile(str(tmp_path), "r", 0, None).load() == []
+
+
+def test_the_folder_variable_names_itself_when_malformed(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError) as e:
+        load_config({"OTEL_TRAINING_ATTEMPTS_DIR": str(tmp_path / "f")})
+    assert "OTEL_TRAINING_ATTEMPTS_DIR" in str(e.value) and "folder" in str(e.value)
+    assert load_config({"OTEL_TRAINING_ATTEMPTS_DIR": "none"}).attempts_dir == ""
+    assert load_config({"OTEL_TRAINING_ATTEMPTS_DIR": str(tmp_path)}).attempts_dir == str(tmp_path)
+
+
+# -- lost progress and the run over its attempts ----------------------------------------
+def test_lost_progress_is_the_train_time_after_the_save_it_resumed_from():
+    prev = _attempt(train_s=7.0, global_step=30, resumed_at=0, saves=[[10, 2.0], [20, 4.5]])
+    assert lost_progress(prev, 20) == (10, pytest.approx(2.5))
+    assert lost_progress(prev, 30) == (0, 0.0)  # resumed from its last step: nothing lost
+    assert lost_progress(prev, None) == (0, 0.0)  # no framework told a global step
+    # It had resumed at 20 itself and saved nothing: all of its train time is redone.
+    assert lost_progress(_attempt(train_s=3.0, global_step=25, resumed_at=20), 20) == (5, pytest.approx(3.0))
+    # No save at the step: its pace (7 s for 30 steps) times the 15 steps.
+    assert lost_progress(_attempt(train_s=7.0, global_step=30, resumed_at=0), 15) == (15, pytest.approx(3.5))
+
+
+def test_every_second_of_the_run_is_in_one_activity():
+    first = _attempt(wall_s=12.0, activities={"startup": 2.0, "train": 7.0}, final=False)  # killed: 3 s tail
+    second = _attempt(restart_s=4.0, lost_progress_s=2.5, lost_steps=10)
+    view = run_view([first, second])
+    assert view["wall_s"] == pytest.approx(12 + 10 + 4)
+    assert sum(view["activities"].values()) == pytest.approx(view["wall_s"])
+    assert view["activities"]["restart"] == 4.0 and view["activities"]["lost_progress"] == 2.5
+    assert view["activities"]["train"] == pytest.approx(14 - 2.5)
+    assert view["goodput"] == pytest.approx(11.5 / 26)
+    job = {"wall_s": 10.0, "goodput": 0.7, "activities": second["activities"], "run": view,
+           "attempt": {"number": 1, "restart_s": 4.0, "lost_progress_s": 2.5, "lost_steps": 10,
+                       "resumed_at_step": 20, "previous_exit": "recorded"}}
+    text = "\n".join(goodput_lines(job))
+    assert "attempt 2 of this run began 4.00 s after attempt 1 ended" in text
+    assert "10 steps of attempt 1 (2.50 s of train time) done again" in text
+    assert "run goodput over 2 attempts: 44.2%" in text and "R restart" in text and "x lost_progress" in text
+    assert any(f.kind == "restart_bound" for f in job_findings(job))
+    # report: the job's goodput is the mean over ranks of each rank's run goodput.
+    report = {"job": [dict(job, rank=0), {"wall_s": 10.0, "goodput": 0.5, "activities": {"train": 5.0}, "rank": 1}]}
+    assert any(line.startswith("job goodput: 47.1% (mean over 2 ranks, over the run's attempts)")
+               for line in report_lines(report))
+
+
+def test_a_first_attempt_has_no_restart_finding():
+    job = {"wall_s": 10.0, "goodput": 0.7, "activities": {"startup": 2.0, "train": 7.0, "other": 1.0}}
+    assert not any(f.kind == "restart_bound" for f in job_findings(job))
+    assert not any("restart" in line for line in goodput_lines(job))
+
+
+def test_the_restart_is_exported_as_job_time_and_kept_out_of_the_process_goodput():
+    from otel_training.aggregate.job import JobClock
+    from otel_training.record.activities import ActivityLog
+
+    class Step:
+        def __init__(self, start, end):
+            self.host, self.mode, self.number = [start, end], "train", 0
+
+    c = JobClock(0, ActivityLog())
+    c.restart_s = 3.0
+    observed = job_export._Observed()
+    observed.use(c, {}, None)
+    c.add([Step(10, 20)])
+    points = {p.attributes["training.activity"]: p.value for p in observed.time(None)}
+    assert points["restart"] == 3.0 and points["train"] == pytest.approx(1e-8)
+    (g,) = observed.goodput(None)
+    assert g.value == pytest.approx(0.5)
+
+
+# -- torchrun --max-restarts --------------------------------------------------------------
+def _points(receiver, name: str) -> list:
+    out = []
+    for res, m in receiver.metrics():
+        if m.name == name:
+            data = m.sum if m.WhichOneof("data") == "sum" else m.gauge
+            for p in data.data_points:
+                attrs = {kv.key: kv.value.string_value for kv in p.attributes}
+                out.append((res, attrs, p.as_double))
+    return out
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_counts_the_restart(tmp_path):
+    with OTLPReceiver() as receiver:
+        env = otel_env(receiver.endpoint, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none",
+                       OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_SUMMARY="true",
+                       OTEL_METRIC_EXPORT_INTERVAL="60000", GLOO_SOCKET_IFNAME="lo",
+                       OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{pid}.json"))
+        cmd = [str(BIN / "torchrun"), "--nnodes=1", "--nproc_per_node=1", "--max-restarts=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python",
+               str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / "train_restarted.py"),
+               "--dir", str(tmp_path), "--steps", "30", "--fail-at", "25"]
+        began = time.time()
+        r = run(cmd, env, timeout=240)
+        ended = time.time()
+        assert r.proc.returncode == 0, r.stderr
+        assert "planted failure at step 25" in r.stderr  # the first attempt failed, the second finished
+        receiver.wait_for(lambda rx: any(a.get("training.activity") == "restart"
+                                         for _, a, _ in _points(rx, "training.job.time")), timeout=10)
+        restart_points = [v for _, a, v in _points(receiver, "training.job.time") if a.get("training.activity") == "restart"]
+    first, second = (json.loads((tmp_path / f"attempt-{n}.json").read_text()) for n in (0, 1))
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("summary-*.json"))]
+    (job,) = [s["job"] for s in summaries if "attempt" in s["job"]]
+    (before,) = [s["job"] for s in summaries if "attempt" not in s["job"]]  # the first attempt: no restart
+    attempt, view = job["attempt"], job["run"]
+    # The restart lies between the failure and the next attempt's first line (its
+    # process began before that line); the run's wall time holds both attempts.
+    assert attempt["number"] == 1 and attempt["previous_exit"] == "recorded"
+    assert 0.0 < attempt["restart_s"] <= second["first_line"] - first["failed"]
+    assert view["attempts"] == 2 and view["restart_s"] == attempt["restart_s"]
+    assert second["end"] - first["first_line"] <= view["wall_s"] <= ended - began
+    assert view["wall_s"] == pytest.approx(before["wall_s"] + job["wall_s"] + attempt["restart_s"], rel=1e-6)
+    assert sum(view["activities"].values()) == pytest.approx(view["wall_s"], rel=1e-3)
+    assert view["lost_progress_s"] == 0.0 and attempt["lost_steps"] == 0  # a plain loop tells no global step
+    assert "restart: attempt 2 of this run began" in r.stderr and "run goodput over 2 attempts" in r.stderr
+    assert restart_points and all(v == pytest.approx(attempt["restart_s"]) for v in restart_points)
+    # The attempt file: both attempts, the first one's record written at its exit.
+    (record,) = (tmp_path / "attempts").glob("*/rank-0.json")
+    attempts = json.loads(record.read_text())["attempts"]
+    assert [a["restart_count"] for a in attempts] == [0, 1] and attempts[0]["final"]
+
+
+# -- lost progress with the frameworks ----------------------------------------------------
+def _two_attempts(tmp_path, script: str, first: list, second: list) -> tuple:
+    env = otel_env(None, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                   OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_RUN_ID="resumed",
+                   OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{pid}.json"), HF_HUB_OFFLINE="1")
+    base = [str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / script), "--dir", str(tmp_path)]
+    failed = run(base + first, env, timeout=300)
+    assert failed.proc.returncode != 0 and "planted failure at global step 10" in failed.stderr, failed.stderr
+    resumed = run(base + second, env, timeout=300)
+    assert resumed.proc.returncode == 0, resumed.stderr
+    clock = json.loads((tmp_path / "clock-0.json").read_text())
+    (job,) = [j for j in (json.loads(p.read_text())["job"] for p in tmp_path.glob("summary-*.json")) if "attempt" in j]
+    return job, clock, resumed.stderr
+
+
+def _check_lost(job: dict, clock: dict) -> None:
+    """Steps 9 and 10 were done again: their train time is the time from the save at
+    step 8 to the failure (each step sleeps 150 ms)."""
+    attempt = job["attempt"]
+    assert attempt["resumed_at_step"] == 8 and attempt["previous_last_step"] == 10 and attempt["lost_steps"] == 2
+    truth = clock["failed"] - clock["save_end"]["8"]
+    assert truth >= 0.3
+    assert truth * (1 - TOLERANCE) <= attempt["lost_progress_s"] <= truth * (1 + TOLERANCE), (attempt, truth)
+    view = job["run"]
+    assert view["lost_progress_s"] == attempt["lost_progress_s"]
+    assert sum(view["activities"].values()) == pytest.approx(view["wall_s"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_hf_trainer_resumed_from_a_checkpoint_counts_the_steps_done_again(tmp_path):
+    pytest.importorskip("accelerate", reason="accelerate is not installed (the Trainer needs it)")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    job, clock, stderr = _two_attempts(tmp_path, "train_hf_resume.py", ["--fail-at", "10"], ["--resume"])
+    _check_lost(job, clock)
+
+
+@pytest.mark.slow
+def test_lightning_resumed_from_a_checkpoint_counts_the_steps_done_again(tmp_path):
+    try:
+        import lightning.pytorch  # noqa: F401
+    except ImportError:
+        pytest.importorskip("pytorch_lightning", reason="Lightning is not installed")
+    job, clock, stderr = _two_attempts(tmp_path, "train_lightning_resume.py", ["--fail-at", "10"], ["--resume-at", "8"])
+    _check_lost(job, clock)
