@@ -12,9 +12,9 @@ Zero code change: ``opentelemetry-instrument python train.py``. Custom loops::
 
 from otel_training.version import __version__
 
-__all__ = ["instrument", "uninstrument", "step", "phase", "__version__"]
+__all__ = ["instrument", "uninstrument", "step", "phase", "global_step", "__version__"]
 
-_API = ("instrument", "uninstrument", "step", "phase")
+_API = ("instrument", "uninstrument", "step", "phase", "global_step")
 
 
 def __getattr__(name):

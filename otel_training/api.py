@@ -1,13 +1,15 @@
-"""The manual API for custom loops: ``step()`` and ``phase(name)``.
+"""The manual API for custom loops: ``step()``, ``phase(name)`` and ``global_step(read)``.
 
-Both are context managers and decorators, cheap no-ops when instrumentation is
-off, and usable together with auto-instrumentation (a manual ``step()`` takes
-over step boundaries; DataLoader waits inside it become ``dataloader_next``).
+``step`` and ``phase`` are context managers and decorators, cheap no-ops when
+instrumentation is off, and usable together with auto-instrumentation (a manual
+``step()`` takes over step boundaries; DataLoader waits inside it become
+``dataloader_next``).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, Literal
 
 from otel_training.runtime import active as _runtime
@@ -86,6 +88,22 @@ class phase(contextlib.ContextDecorator):
                 except Exception as err:
                     rt.on_error("api", err)
         return False
+
+
+def global_step(read: Callable[[], int]) -> None:
+    """Tell goodput your loop's global step, once, after any resume from a checkpoint:
+    ``otel_training.global_step(lambda: iter_num)``. ``read()`` is called at checkpoint
+    saves and every few seconds, never per step. A restarted run then counts the steps
+    it does again after resuming as lost progress (the HF ``Trainer`` and Lightning tell
+    theirs without this)."""
+    if not callable(read):
+        raise TypeError("otel_training.global_step() needs a callable returning the step, e.g. lambda: iter_num")
+    rt = _runtime.current()
+    if rt is not None:
+        try:
+            rt.goodput.global_step.follow(read)
+        except Exception as exc:
+            rt.on_error("api", exc)
 
 
 def instrument(*, configure_sdk: bool | None = None, **kwargs) -> None:

@@ -14,12 +14,13 @@ import time
 
 import pytest
 
+from otel_training import semconv as sc
 from otel_training.config import ConfigError, load_config
 from otel_training.diagnosis.goodput_findings import job_findings
 from otel_training.diagnosis.goodput_text import goodput_lines, report_lines
 from otel_training.export import job as job_export
 from otel_training.runtime.attempts import AttemptFile, attempt_file, lost_progress, run_view
-from tests.otlp_receiver import OTLPReceiver, free_port
+from tests.otlp_receiver import OTLPReceiver, attributes, free_port
 from tests.scripts.harness import BIN, ROOT, SCRIPTS, otel_env, run
 
 TOLERANCE = 0.15
@@ -52,9 +53,12 @@ def test_torchrun_restart_count_decides_what_is_a_restart(tmp_path):
 
 def test_a_run_id_the_user_set_links_reruns_and_a_made_up_one_keeps_nothing(tmp_path):
     _file(tmp_path, [_attempt(), _attempt()], "mine")
-    f = attempt_file(str(tmp_path), "mine", 0, {"OTEL_TRAINING_RUN_ID": "mine"})
+    f = attempt_file(str(tmp_path), "mine", 0, {"OTEL_TRAINING_RUN_ID": "mine"}, child=False)
     assert f is not None and len(f.load()) == 2 and f.number == 2
     assert attempt_file(str(tmp_path), "3f2a", 0, {}) is None
+    # mp.spawn's ranks (multiprocessing children) share the id and, without RANK, rank 0.
+    assert attempt_file(str(tmp_path), "mine", 0, {"OTEL_TRAINING_RUN_ID": "mine"}, child=True) is None
+    assert attempt_file(str(tmp_path), "mine", 1, {"OTEL_TRAINING_RUN_ID": "mine", "RANK": "1"}, child=True)
     assert attempt_file("", "mine", 0, {"OTEL_TRAINING_RUN_ID": "mine"}) is None  # =none
     torchrun = attempt_file(None, "none", 3, {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "2"})
     assert torchrun is not None and torchrun.restart_count == 2 and torchrun.path.name == "rank-3.json"
@@ -144,50 +148,90 @@ def _points(receiver, name: str) -> list:
         if m.name == name:
             data = m.sum if m.WhichOneof("data") == "sum" else m.gauge
             for p in data.data_points:
-                attrs = {kv.key: kv.value.string_value for kv in p.attributes}
+                attrs = attributes(p.attributes)
                 out.append((res, attrs, p.as_double))
     return out
 
 
 @pytest.mark.slow
-def test_torchrun_max_restarts_counts_the_restart(tmp_path):
+def test_torchrun_max_restarts_counts_the_restart_on_every_rank(tmp_path):
+    """Rank 1 fails at step 25; rank 0 waits there until torchrun stops it (SIGTERM);
+    both restart, resume from their step-20 checkpoints and finish."""
     with OTLPReceiver() as receiver:
         env = otel_env(receiver.endpoint, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none",
                        OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_SUMMARY="true",
                        OTEL_METRIC_EXPORT_INTERVAL="60000", GLOO_SOCKET_IFNAME="lo",
-                       OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{pid}.json"))
-        cmd = [str(BIN / "torchrun"), "--nnodes=1", "--nproc_per_node=1", "--max-restarts=1",
+                       OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{rank}-{pid}.json"))
+        cmd = [str(BIN / "torchrun"), "--nnodes=1", "--nproc_per_node=2", "--max-restarts=1",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python",
                str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / "train_restarted.py"),
-               "--dir", str(tmp_path), "--steps", "30", "--fail-at", "25"]
+               "--dir", str(tmp_path), "--steps", "30", "--fail-at", "25", "--fail-rank", "1"]
         began = time.time()
         r = run(cmd, env, timeout=240)
         ended = time.time()
         assert r.proc.returncode == 0, r.stderr
         assert "planted failure at step 25" in r.stderr  # the first attempt failed, the second finished
-        receiver.wait_for(lambda rx: any(a.get("training.activity") == "restart"
-                                         for _, a, _ in _points(rx, "training.job.time")), timeout=10)
-        restart_points = [v for _, a, v in _points(receiver, "training.job.time") if a.get("training.activity") == "restart"]
-    first, second = (json.loads((tmp_path / f"attempt-{n}.json").read_text()) for n in (0, 1))
+        receiver.wait_for(lambda rx: len(_restart_points(rx)) >= 2, timeout=10)
+        restart_points = _restart_points(receiver)
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("summary-*.json"))]
-    (job,) = [s["job"] for s in summaries if "attempt" in s["job"]]
-    (before,) = [s["job"] for s in summaries if "attempt" not in s["job"]]  # the first attempt: no restart
-    attempt, view = job["attempt"], job["run"]
-    # The restart lies between the failure and the next attempt's first line (its
-    # process began before that line); the run's wall time holds both attempts.
-    assert attempt["number"] == 1 and attempt["previous_exit"] == "recorded"
-    assert 0.0 < attempt["restart_s"] <= second["first_line"] - first["failed"]
-    assert view["attempts"] == 2 and view["restart_s"] == attempt["restart_s"]
-    assert second["end"] - first["first_line"] <= view["wall_s"] <= ended - began
-    assert view["wall_s"] == pytest.approx(before["wall_s"] + job["wall_s"] + attempt["restart_s"], rel=1e-6)
-    assert sum(view["activities"].values()) == pytest.approx(view["wall_s"], rel=1e-3)
-    assert view["lost_progress_s"] == 0.0 and attempt["lost_steps"] == 0  # a plain loop tells no global step
-    assert "restart: attempt 2 of this run began" in r.stderr and "run goodput over 2 attempts" in r.stderr
-    assert restart_points and all(v == pytest.approx(attempt["restart_s"]) for v in restart_points)
-    # The attempt file: both attempts, the first one's record written at its exit.
-    (record,) = (tmp_path / "attempts").glob("*/rank-0.json")
-    attempts = json.loads(record.read_text())["attempts"]
-    assert [a["restart_count"] for a in attempts] == [0, 1] and attempts[0]["final"]
+    jobs = {}
+    for rank in (0, 1):
+        first, second = (json.loads((tmp_path / f"attempt-{n}-rank{rank}.json").read_text()) for n in (0, 1))
+        (job,) = [s["job"] for s in summaries if s["rank"] == rank and "attempt" in s["job"]]
+        # The first attempt: no restart (rank 0's summary was written on SIGTERM).
+        (before,) = [s["job"] for s in summaries if s["rank"] == rank and "attempt" not in s["job"]]
+        attempt, view = job["attempt"], job["run"]
+        # The restart lies between the failure and the next attempt's first line (its
+        # process began before that line); the run's wall time holds both attempts.
+        assert attempt["number"] == 1 and attempt["previous_exit"] == "recorded"
+        assert 0.0 < attempt["restart_s"] <= second["first_line"] - first["failed"]
+        assert view["attempts"] == 2 and view["restart_s"] == attempt["restart_s"]
+        assert second["end"] - first["first_line"] <= view["wall_s"] <= ended - began
+        assert view["wall_s"] == pytest.approx(before["wall_s"] + job["wall_s"] + attempt["restart_s"], rel=1e-6)
+        assert sum(view["activities"].values()) == pytest.approx(view["wall_s"], rel=1e-3)
+        assert view["lost_progress_s"] == 0.0 and attempt["lost_steps"] == 0  # a plain loop tells no global step
+        assert any(v == pytest.approx(attempt["restart_s"]) for v in restart_points[str(rank)])
+        (record,) = (tmp_path / "attempts").glob(f"*/rank-{rank}.json")
+        attempts = json.loads(record.read_text())["attempts"]
+        assert [a["restart_count"] for a in attempts] == [0, 1] and attempts[0]["final"]
+        jobs[rank] = job
+    assert r.stderr.count("restart: attempt 2 of this run began") == 2
+    assert r.stderr.count("run goodput over 2 attempts") == 2
+    # The job's goodput over its ranks, each over its attempts.
+    report = {"job": [dict(jobs[rank], rank=rank) for rank in (0, 1)]}
+    mean = sum(jobs[rank]["run"]["goodput"] for rank in (0, 1)) / 2
+    assert f"job goodput: {100 * mean:.1f}% (mean over 2 ranks, over the run's attempts)" in report_lines(report)
+
+
+@pytest.mark.slow
+def test_a_plain_loop_that_tells_its_global_step_counts_the_steps_done_again(tmp_path):
+    """torchrun restarts a loop that saved at step 20 and failed at 25: the restarted
+    attempt resumes at 20 and does 21..25 again."""
+    env = otel_env(None, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                   OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false",
+                   OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{pid}.json"))
+    cmd = [str(BIN / "torchrun"), "--nnodes=1", "--nproc_per_node=1", "--max-restarts=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python",
+           str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / "train_restarted.py"),
+           "--dir", str(tmp_path), "--steps", "30", "--fail-at", "25", "--step-ms", "60", "--tell-global-step"]
+    r = run(cmd, env, timeout=240)
+    assert r.proc.returncode == 0 and "planted failure at step 25" in r.stderr, r.stderr
+    clock = json.loads((tmp_path / "attempt-0-rank0.json").read_text())
+    (job,) = [j for j in (json.loads(p.read_text())["job"] for p in tmp_path.glob("summary-*.json")) if "attempt" in j]
+    attempt = job["attempt"]
+    assert attempt["resumed_at_step"] == 20 and attempt["previous_last_step"] == 25 and attempt["lost_steps"] == 5
+    truth = clock["failed"] - clock["save_end"]["20"]
+    assert truth >= 0.3
+    assert truth * (1 - TOLERANCE) <= attempt["lost_progress_s"] <= truth * (1 + TOLERANCE), (attempt, truth)
+
+
+def _restart_points(receiver) -> dict:
+    """rank -> the values of training.job.time{training.activity="restart"} received."""
+    out: dict = {}
+    for res, attrs, value in _points(receiver, "training.job.time"):
+        if attrs.get("training.activity") == "restart":
+            out.setdefault(str(attrs.get(sc.ATTR_RANK, res.get(sc.ATTR_RANK))), []).append(value)
+    return out
 
 
 # -- lost progress with the frameworks ----------------------------------------------------

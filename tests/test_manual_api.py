@@ -200,3 +200,9 @@ def test_api_after_uninstrument_is_a_no_op(instrumented):
     with otel_training.step(), otel_training.phase("late"):
         pass
     assert len(tel.steps()) == 1
+
+
+def test_global_step_needs_a_callable_and_is_a_no_op_uninstrumented():
+    with pytest.raises(TypeError, match="lambda: iter_num"):
+        otel_training.global_step(5)
+    otel_training.global_step(lambda: 5)  # nothing instrumented: nothing happens

@@ -104,11 +104,19 @@ class AttemptFile:
             raise
 
 
-def attempt_file(directory: str | None, run_id: str, rank: int, environ: Mapping[str, str]) -> AttemptFile | None:
+def attempt_file(
+    directory: str | None, run_id: str, rank: int, environ: Mapping[str, str], child: bool | None = None
+) -> AttemptFile | None:
     """The attempt file of this process, or None: attempts not kept
-    (``OTEL_TRAINING_ATTEMPTS_DIR=none``), or a run id made up for this process."""
+    (``OTEL_TRAINING_ATTEMPTS_DIR=none``), a run id made up for this process, or a
+    ``multiprocessing`` child outside torchrun (``mp.spawn``'s ranks share one id and,
+    without ``RANK``, one rank number)."""
     if directory == "":
         return None
+    if child is None:
+        import multiprocessing
+
+        child = multiprocessing.parent_process() is not None
     count = environ.get("TORCHELASTIC_RESTART_COUNT")
     restart: int | None = None
     if count is not None and environ.get("TORCHELASTIC_RUN_ID"):
@@ -116,7 +124,7 @@ def attempt_file(directory: str | None, run_id: str, rank: int, environ: Mapping
             restart = int(count)
         except ValueError:
             return None
-    elif not environ.get("OTEL_TRAINING_RUN_ID"):
+    elif not environ.get("OTEL_TRAINING_RUN_ID") or (child and "RANK" not in environ):
         return None
     return AttemptFile(directory or default_dir(), run_id, rank, restart)
 
