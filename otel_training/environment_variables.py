@@ -161,11 +161,12 @@ OTEL_TRAINING_ATTEMPTS_DIR = "OTEL_TRAINING_ATTEMPTS_DIR"
 .. envvar:: OTEL_TRAINING_ATTEMPTS_DIR
 
 A folder where each rank of a restartable run keeps its attempt's record (one small
-JSON file per run id and rank, rewritten every 10 s and at exit), so that a restarted
-attempt counts the restart time and the progress lost to resuming from an earlier
-checkpoint (docs/goodput.md). Kept for runs under ``torchrun`` (restarts with
-``--max-restarts``) and runs with ``OTEL_TRAINING_RUN_ID`` set (a requeued job that
-keeps its run id); a run id made up for one process keeps none. Default: a folder in
-the node's temporary directory; use a shared filesystem where a restarted rank may
-land on another node. ``none`` keeps no record.
+JSON file per run id and rank, rewritten every 10 s, after each checkpoint save and at
+exit), so that a restarted attempt counts the restart time and the progress lost to
+resuming from an earlier checkpoint (docs/telemetry.md, "A restarted run"). Kept for
+runs under ``torchrun`` (restarts with ``--max-restarts``) and runs with
+``OTEL_TRAINING_RUN_ID`` set (a requeued job that keeps its run id); a run id made up
+for one process keeps none. Default: a folder in the node's temporary directory; use a
+shared filesystem where a restarted rank may land on another node. ``none`` keeps no
+record.
 """

@@ -154,7 +154,7 @@ def _points(receiver, name: str) -> list:
 
 
 @pytest.mark.slow
-def test_torchrun_max_restarts_counts_the_restart_on_every_rank(tmp_path):
+def test_torchrun_max_restarts_counts_the_restart_on_every_rank(tmp_path, capsys):
     """Rank 1 fails at step 25; rank 0 waits there until torchrun stops it (SIGTERM);
     both restart, resume from their step-20 checkpoints and finish."""
     with OTLPReceiver() as receiver:
@@ -197,8 +197,15 @@ def test_torchrun_max_restarts_counts_the_restart_on_every_rank(tmp_path):
         jobs[rank] = job
     assert r.stderr.count("restart: attempt 2 of this run began") == 2
     assert r.stderr.count("run goodput over 2 attempts") == 2
-    # The job's goodput over its ranks, each over its attempts.
-    report = {"job": [dict(jobs[rank], rank=rank) for rank in (0, 1)]}
+    # otel-training report on all four summaries: each rank's last attempt, the job's
+    # goodput over its ranks, each over its attempts.
+    from otel_training.cli.report import main
+
+    code = main(["--summary", str(tmp_path / "summary-*.json"), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(report["files"]) == 2 and len(report["earlier_attempts"]) == 2
+    assert sorted(j["rank"] for j in report["job"]) == [0, 1] and all(j["attempt"]["number"] == 1 for j in report["job"])
+    assert report["modes"]["train"]["steps"] == 2 * 10  # the last attempts' steps: 21..30 on each rank
     mean = sum(jobs[rank]["run"]["goodput"] for rank in (0, 1)) / 2
     assert f"job goodput: {100 * mean:.1f}% (mean over 2 ranks, over the run's attempts)" in report_lines(report)
 
@@ -223,6 +230,34 @@ def test_a_plain_loop_that_tells_its_global_step_counts_the_steps_done_again(tmp
     truth = clock["failed"] - clock["save_end"]["20"]
     assert truth >= 0.3
     assert truth * (1 - TOLERANCE) <= attempt["lost_progress_s"] <= truth * (1 + TOLERANCE), (attempt, truth)
+
+
+@pytest.mark.slow
+def test_a_killed_attempt_is_known_by_its_last_record(tmp_path):
+    """SIGKILL (the OOM killer) at step 16, 3 s after the save at step 10, leaves no
+    exit record: the record rewritten after that save stands for the attempt, and a
+    rerun with the same OTEL_TRAINING_RUN_ID (a requeued job) resumes from the save."""
+    env = otel_env(None, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                   OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_RUN_ID="requeued",
+                   OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary-{pid}.json"))
+    base = [str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / "train_restarted.py"),
+            "--dir", str(tmp_path), "--steps", "20", "--every", "10", "--step-ms", "500", "--tell-global-step"]
+    killed = run(base + ["--fail-at", "16", "--kill"], env, timeout=240)
+    assert killed.proc.returncode == -9, killed.stderr
+    rerun = run(base, env, timeout=240)
+    assert rerun.proc.returncode == 0, rerun.stderr
+    first, second = (json.loads((tmp_path / f"attempt-{n}-rank0.json").read_text()) for n in (0, 1))
+    (summary,) = [json.loads(p.read_text()) for p in tmp_path.glob("summary-*.json")]  # none from the killed one
+    attempt, view = summary["job"]["attempt"], summary["job"]["run"]
+    assert attempt["previous_exit"] == "killed (its last record)" and attempt["resumed_at_step"] == 10
+    # The record came after the save at 10 and before the kill at 16.
+    assert 10 <= attempt["previous_last_step"] < 16 and attempt["lost_steps"] == attempt["previous_last_step"] - 10
+    assert attempt["lost_progress_s"] <= first["failed"] - first["save_end"]["10"]
+    # The restart counts from that record: at least the time from the kill to the next
+    # process's first line, less that line's own start-up (the record is at most
+    # SAVE_SETTLE_S + a step older than the kill).
+    assert 0 < attempt["restart_s"] <= second["first_line"] - first["failed"] + 2.0
+    assert sum(view["activities"].values()) == pytest.approx(view["wall_s"], rel=1e-3)
 
 
 def _restart_points(receiver) -> dict:

@@ -202,6 +202,32 @@ def _one_run(files: list[tuple[str, dict]]) -> None:
     )
 
 
+def _attempt(s: dict) -> int:
+    job = s.get("job")
+    attempt = job.get("attempt") if isinstance(job, dict) else None
+    return int(attempt.get("number") or 0) if isinstance(attempt, dict) else 0
+
+
+def latest_attempts(files: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]], list[str]]:
+    """(the files to report, the earlier attempts' files left out): of a restarted
+    run's rank, the last attempt's summary, whose ``job.run`` covers the attempts
+    before it. Files of one rank that are no attempts of one another all stay."""
+    by_rank: dict = {}
+    for path, s in files:
+        by_rank.setdefault((s.get("run_id"), s.get("rank")), []).append((path, s))
+    kept: list[tuple[str, dict]] = []
+    dropped: list[tuple[str, dict]] = []
+    for group in by_rank.values():
+        last = max(_attempt(s) for _, s in group)
+        if last == 0 or sum(1 for _, s in group if _attempt(s) == last) > 1:
+            kept.extend(group)
+            continue
+        for path, s in group:
+            (kept if _attempt(s) == last else dropped).append((path, s))
+    order = {path: i for i, (path, _) in enumerate(files)}
+    return sorted(kept, key=lambda f: order[f[0]]), sorted((p for p, _ in dropped), key=order.__getitem__)
+
+
 def merge_summaries(files: list[tuple[str, dict]]) -> dict:
     """Merge run-end summaries (one per rank, each with its file name) into a report."""
     seen: dict = {}
@@ -210,6 +236,7 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
         if key in seen:
             raise ReportError(f"{path!r} and {seen[key]!r} are the same process's summary")
         seen[key] = path
+    files, earlier = latest_attempts(files)
     _one_run(files)
     runs = sorted({str(s.get("run_id")) for _, s in files})
     modes: dict[str, dict] = {}
@@ -269,6 +296,7 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
     return {
         "source": "summary",
         "files": [p for p, _ in files],
+        "earlier_attempts": earlier,  # a restarted rank's earlier summaries (its last one's job.run covers them)
         "service": first.get("service"),
         "run": ", ".join(runs),
         "timing": first.get("timing"),

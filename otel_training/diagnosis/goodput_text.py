@@ -189,6 +189,12 @@ def report_lines(report: dict) -> list[str]:
     for j in jobs:
         who = f" (rank {j['rank']})" if len(jobs) > 1 and j.get("rank") is not None else ""
         lines.extend(goodput_lines(j, "", who))
+    earlier = report.get("earlier_attempts") or []
+    if earlier:
+        lines.append(
+            f"earlier attempts left out ({', '.join(earlier)}): each restarted rank's last summary "
+            "covers them in its run line"
+        )
     if len(jobs) > 1:
         mean = sum(run_goodput(j) for j in jobs) / len(jobs)
         over = ", over the run's attempts" if any(j.get("run") for j in jobs) else ""

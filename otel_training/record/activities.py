@@ -137,10 +137,12 @@ class Activities:
         log: ActivityLog,
         on_error: Callable[[str, BaseException], None],
         global_step: GlobalStep | None = None,
+        on_save: Callable[[], None] | None = None,
     ) -> None:
         self._tracker = tracker
         self.log = log
         self._global_step = global_step
+        self._on_save = on_save  # after each save (a restarted run's record is rewritten)
         self._on_error = on_error
         self._patches = Handles()
         self._depth = 0  # open intervals on the training thread (nested calls: the outermost counts)
@@ -246,6 +248,8 @@ class Activities:
                         gs = activities._global_step
                         step = gs.current() if gs is not None and op == SAVE else None
                         activities.log.add(Interval(CHECKPOINT, start, end, label, op, step))
+                        if op == SAVE and activities._on_save is not None:
+                            activities._on_save()
                 except Exception as exc:
                     activities._on_error(CHECKPOINT, exc)
 

@@ -29,6 +29,8 @@ from otel_training.record.activities import Activities, ActivityLog
 from otel_training.record.global_step import GlobalStep
 from otel_training.runtime.attempts import WRITE_EVERY_S, AttemptFile, lost_progress, run_view
 
+SAVE_SETTLE_S = 1.0  # after a checkpoint save, the record is rewritten once the pipeline took it in
+
 if TYPE_CHECKING:
     from otel_training.record.tracker import Tracker
 
@@ -83,6 +85,7 @@ class Goodput:
         self.activities: Activities | None = None
         self.attempts = attempts
         self._stop = threading.Event()
+        self._saved = threading.Event()  # a checkpoint was saved: rewrite the record soon
         self._writer: threading.Thread | None = None
         self._on_error = on_error
 
@@ -90,7 +93,9 @@ class Goodput:
         """Time checkpoints and compilations on ``tracker``'s thread (removed with
         ``handles``) and register the instruments on ``meter``."""
         try:
-            self.activities = handles.add(Activities(tracker, self.log, self._on_error, self.global_step))
+            self.activities = handles.add(
+                Activities(tracker, self.log, self._on_error, self.global_step, on_save=self._saved.set)
+            )
             self.activities.install()
         except Exception as exc:  # steps are timed all the same; the activities count as their surroundings
             self._on_error("activities", exc)
@@ -122,7 +127,15 @@ class Goodput:
             self._on_error("attempts", exc)
 
     def _write_every(self) -> None:
-        while not self._stop.wait(WRITE_EVERY_S):
+        """Every ``WRITE_EVERY_S``, and after each checkpoint save (a killed attempt's
+        next one resumes from a save: its record should know it)."""
+        while not self._stop.is_set():
+            if self._saved.wait(WRITE_EVERY_S):
+                self._saved.clear()
+                if self._stop.wait(SAVE_SETTLE_S):  # the pipeline drains every 0.5 s
+                    return
+            if self._stop.is_set():
+                return
             if self.clock.started_steps():
                 self._write(final=False)
 
@@ -168,6 +181,7 @@ class Goodput:
         """A child process (a DataLoader worker): no record of its own."""
         self.attempts = None
         self._stop.set()
+        self._saved.set()
 
     def end(self) -> None:
         """The program is exiting: its wall time ends here (the first call counts)."""
@@ -184,6 +198,7 @@ class Goodput:
         except Exception as exc:
             self._on_error("shutdown", exc)
         self._stop.set()
+        self._saved.set()  # (the writer leaves its wait)
         if self.attempts is not None and self.clock.started_steps():
             writer = self._writer
             if writer is not None and writer is not threading.current_thread():

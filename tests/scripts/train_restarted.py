@@ -15,6 +15,7 @@ FIRST_LINE = time.time()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -25,9 +26,12 @@ p.add_argument("--fail-at", type=int, default=25)
 p.add_argument("--step-ms", type=float, default=20.0)
 p.add_argument("--fail-rank", type=int, default=0)
 p.add_argument("--tell-global-step", action="store_true")
+p.add_argument("--kill", action="store_true", help="fail by SIGKILL (as the OOM killer does), not an exception")
 p.add_argument("--dir", required=True)
 args = p.parse_args()
-attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "-1"))
+if attempt < 0:  # no torchrun: a rerun is the next attempt (the first one left its clock)
+    attempt = int(os.path.exists(os.path.join(args.dir, f"attempt-0-rank{os.environ.get('RANK', '0')}.json")))
 rank = int(os.environ.get("RANK", "0"))
 clock = {"first_line": FIRST_LINE, "save_end": {}}
 
@@ -69,6 +73,8 @@ while step < args.steps:
         if attempt == 0 and step == args.fail_at:
             clock["failed"] = time.time()
             save_clock()
+            if rank == args.fail_rank and args.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             if rank == args.fail_rank:
                 raise RuntimeError(f"planted failure at step {step}")
             time.sleep(120)  # waits for the failed rank until torchrun stops this one
