@@ -260,6 +260,22 @@ def test_a_killed_attempt_is_known_by_its_last_record(tmp_path):
     assert sum(view["activities"].values()) == pytest.approx(view["wall_s"], rel=1e-3)
 
 
+@pytest.mark.slow
+def test_an_unwritable_attempts_folder_is_said_once_and_training_goes_on(tmp_path):
+    env = otel_env(None, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                   OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_RUN_ID="nowhere",
+                   OTEL_TRAINING_ATTEMPTS_DIR="/dev/null/attempts",
+                   OTEL_TRAINING_SUMMARY_FILE=str(tmp_path / "summary.json"))
+    r = run([str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / "train_restarted.py"),
+             "--dir", str(tmp_path), "--steps", "12", "--every", "5"], env, timeout=240)
+    assert r.proc.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "OTEL_TRAINING_ATTEMPTS_DIR" in line]
+    assert said == [said[0]] and "cannot be written" in said[0] and "training continues" in said[0], r.stderr
+    assert "Traceback" not in r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["modes"]["train"]["steps"] == 12 and summary["telemetry"]["errors"] == 0
+
+
 def _restart_points(receiver) -> dict:
     """rank -> the values of training.job.time{training.activity="restart"} received."""
     out: dict = {}

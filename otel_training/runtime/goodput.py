@@ -87,6 +87,7 @@ class Goodput:
         self._stop = threading.Event()
         self._saved = threading.Event()  # a checkpoint was saved: rewrite the record soon
         self._writer: threading.Thread | None = None
+        self._unwritable = False  # the attempt file could not be written: not tried again
         self._on_error = on_error
 
     def install(self, tracker: Any, handles: Any, meter: Any, attributes: dict) -> None:
@@ -141,12 +142,21 @@ class Goodput:
 
     def _write(self, final: bool) -> None:
         attempts = self.attempts
-        if attempts is None:
+        if attempts is None or self._unwritable:
             return
         try:
             attempts.write(self.record(final))
-        except Exception as exc:  # an unwritable folder: a later attempt counts no restart
-            self.attempts = None
+        except OSError as exc:  # the user's folder: said once; a later attempt counts no restart
+            self._unwritable = True
+            print(
+                f"otel-training: OTEL_TRAINING_ATTEMPTS_DIR={str(attempts.path.parent.parent)!r} cannot be "
+                f"written ({exc.strerror or type(exc).__name__}): use a writable folder, or none (a restart "
+                "of this run will not be counted; training continues)",
+                file=sys.stderr,
+                flush=True,
+            )
+        except Exception as exc:  # our bug: counted, never the user's problem
+            self._unwritable = True
             self._on_error("attempts", exc)
 
     def record(self, final: bool) -> dict:
