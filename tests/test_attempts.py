@@ -17,7 +17,7 @@ import pytest
 from otel_training import semconv as sc
 from otel_training.config import ConfigError, load_config
 from otel_training.diagnosis.goodput_findings import job_findings
-from otel_training.diagnosis.goodput_text import goodput_lines, report_lines
+from otel_training.diagnosis.goodput_text import compare_job, goodput_lines, report_lines
 from otel_training.export import job as job_export
 from otel_training.runtime.attempts import AttemptFile, attempt_file, lost_progress, run_view
 from tests.otlp_receiver import OTLPReceiver, attributes, free_port
@@ -114,6 +114,10 @@ def test_every_second_of_the_run_is_in_one_activity():
     report = {"job": [dict(job, rank=0), {"wall_s": 10.0, "goodput": 0.5, "activities": {"train": 5.0}, "rank": 1}]}
     assert any(line.startswith("job goodput: 47.1% (mean over 2 ranks, over the run's attempts)")
                for line in report_lines(report))
+    # compare: a restarted run's goodput and activities over its attempts.
+    c = compare_job({"job": [dict(job, rank=0)]}, {"job": [{"wall_s": 10.0, "goodput": 0.5, "activities": {"train": 5.0}}]})
+    assert c["goodput"]["a"] == pytest.approx(11.5 / 26) and c["wall_s"]["a"] == pytest.approx(26)
+    assert {a["name"]: a["a"] for a in c["activities"]}["restart"] == 4.0
 
 
 def test_a_first_attempt_has_no_restart_finding():

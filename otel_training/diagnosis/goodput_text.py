@@ -286,8 +286,8 @@ def jobs_from_deltas(deltas: dict[tuple, float]) -> list[dict]:
 
 # -- compare ----------------------------------------------------------------------------
 def compare_job(a: dict, b: dict) -> dict | None:
-    """Goodput and seconds per activity of two reports (each the mean over its ranks);
-    None unless both have a ``job`` section."""
+    """Goodput and seconds per activity of two reports (each the mean over its ranks,
+    a restarted rank's over its attempts); None unless both have a ``job`` section."""
     ja, jb = _mean_job(a), _mean_job(b)
     if ja is None or jb is None:
         return None
@@ -302,7 +302,8 @@ def compare_job(a: dict, b: dict) -> dict | None:
 
 
 def _mean_job(report: dict) -> dict | None:
-    jobs = [j for j in report.get("job") or [] if j.get("wall_s")]
+    """The mean over ranks; a restarted rank counts over its run's attempts."""
+    jobs = [j.get("run") or j for j in report.get("job") or [] if j.get("wall_s")]
     if not jobs:
         return None
     n = len(jobs)
