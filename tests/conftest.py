@@ -42,6 +42,8 @@ CORE_MODULES = frozenset({
     "tests/test_integration_lightning.py", "tests/test_integration_transformers.py",
     # the job's wall time: checkpoint calls and torch.compile's compile events, per torch release
     "tests/test_goodput.py", "tests/test_goodput_integrations.py", "tests/loops/test_goodput_loop.py",
+    # a restarted run: torchrun's restart environment, the frameworks' resumed global step
+    "tests/test_attempts.py",
 })
 
 
