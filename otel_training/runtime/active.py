@@ -155,6 +155,11 @@ class Runtime(ProcessEvents):
         tracker.on_loop = self.module_hooks.arm
         handles.on_remove(self._unhook_tracker, "tracker callbacks")
         handles.add(TorchHooks(tracker, self.on_error).install())
+        if self.role != ROLE_SPAWN:  # (a spawned DataLoader worker never counts FLOPs)
+            try:
+                self.measures.prepare()
+            except Exception as exc:
+                self.on_error("flops", exc)
         self.goodput.install(tracker, handles, self._meter, self._common)
         self.pipeline.start()
         try:

@@ -52,6 +52,12 @@ class StepMeasures:
         self.reader = tracker.phases.memory = MemoryReader() if self.config.memory else None
         self._facts = lambda: tracker.facts.to_dict(assembler.optimizers, compiled())
 
+    def prepare(self) -> None:
+        """torch is loaded (start-up): what the FLOP count needs is imported now, not
+        inside a step's phase."""
+        if self.probe is not None:
+            self.probe.prepare()
+
     def summarize(self, summary: dict) -> None:
         """Add the ``memory`` section and the ``run`` section (what the run already does,
         record/run_facts.py) to a run summary."""
