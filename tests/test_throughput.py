@@ -406,6 +406,7 @@ def test_a_second_instrumentation_on_the_same_providers_is_what_the_instruments_
     uninstrument and instrument again on the same providers, the token counter goes on
     from the first run's total and the memory gauge reads the new run."""
     import dataclasses
+    import mmap
 
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -430,7 +431,10 @@ def test_a_second_instrumentation_on_the_same_providers_is_what_the_instruments_
     for steps in (3, 2):
         inst = TrainingInstrumentor()
         inst.instrument(tracer_provider=tp, meter_provider=mp, config=config)
-        kept = torch.ones(25_000_000) if steps == 2 else None  # 100 MB more in the second run
+        kept = None
+        if steps == 2:  # 100 MB more in the second run: fresh pages (a malloc may reuse freed, resident heap)
+            kept = mmap.mmap(-1, 100 << 20)
+            kept.write(b"\1" * (100 << 20))
         for _ in range(steps):
             _, loss = model(x, x)
             loss.backward()
@@ -440,7 +444,8 @@ def test_a_second_instrumentation_on_the_same_providers_is_what_the_instruments_
         tokens.append(sum(v for a, v in points("training.tokens") if a.get("training.mode") == "train"))
         ((_, value),) = points("training.memory.rss")
         rss.append(value)
-        del kept
+        if kept is not None:
+            kept.close()
     assert tokens == [3 * x.numel(), 5 * x.numel()]
     assert rss[1] > rss[0] + 50e6
     tp.shutdown()
