@@ -8,6 +8,8 @@ around the sleep. At the end it prints one line ``TRUTH {json}``:
     loop_wall_s        from just before the first loop to just after the last
     planted            {mode: {phase name: mean seconds per step of that mode}}
     planted_total_s    the same as totals (seconds)
+    planted_step_max_s the most of it that fell between two counts of that mode (one
+                       step's worth), to allow for the one step the summary leaves out
     timed_user_code_s  the measured user code (``timed()``) among them, for reference
     planted_outside_s  time planted or measured between two steps (``OUTSIDE``, below)
     outside_after_last_step_s  the same after the last step (still in loop_wall_s)
@@ -90,6 +92,9 @@ class Truth:
         self._before = 0.0  # timed user code before the first step
         self._samples: Dict[str, int] = {}  # samples consumed, by mode (scripts that count them)
         self._named: Dict[str, List[float]] = {}  # name -> [count, seconds]: named time between steps
+        # (mode, phase) -> {steps of that mode counted so far: seconds}: what each step's
+        # stretch held, for the most any one step held (``planted_step_max_s``)
+        self._by_step: Dict[tuple, Dict[int, float]] = {}
 
     # -- the loop's wall time ---------------------------------------------------------
     def start(self) -> None:
@@ -201,6 +206,7 @@ class Truth:
         else:
             slot = self._timed[mode]
             slot[phase] = slot.get(phase, 0.0) + seconds
+            self._in_step(mode, phase, seconds)
 
     def add(self, mode: str, phase: str, seconds: float) -> None:
         if mode == OUTSIDE:
@@ -211,6 +217,12 @@ class Truth:
             return
         slot = self._planted[mode]
         slot[phase] = slot.get(phase, 0.0) + seconds
+        self._in_step(mode, phase, seconds)
+
+    def _in_step(self, mode: str, phase: str, seconds: float) -> None:
+        steps = self._by_step.setdefault((mode, phase), {})
+        n = self.train_steps if mode == TRAIN else self.eval_steps
+        steps[n] = steps.get(n, 0.0) + seconds
 
     # -- the TRUTH line ---------------------------------------------------------------
     def as_dict(self) -> dict:
@@ -230,6 +242,8 @@ class Truth:
             "loop_wall_s": self._t1 - self._t0,
             "planted": planted,
             "planted_total_s": totals,
+            "planted_step_max_s": {mode: {k: max(self._by_step.get((mode, k), {0: 0.0}).values()) for k in d}
+                                   for mode, d in totals.items()},
             "timed_user_code_s": {m: d for m, d in self._timed.items() if d},
             "planted_outside_s": self._outside,
             "outside_after_last_step_s": self._outside_pending,

@@ -283,11 +283,19 @@ def test_planted_delays(loop):
             continue
         # Phase totals leave out the one FLOP-count step: divide by the steps they hold.
         steps = int(m.get("timed_steps", _steps(summary, mode)))
+        truth_steps = int(truth[mode + "_steps"])
         for name, want in sorted(delays.items()):
             total = _phase_total(m, name, mode)
             got = total / steps if steps else 0.0
             high = want * (1 + DELAY_TOLERANCE) + min(want / 4, UNPLANTED_WORK_S)
-            if not want * (1 - DELAY_TOLERANCE) <= got <= high:
+            low = want
+            if 0 < steps < truth_steps:
+                # The FLOP-count step is left out of the phase totals: a planted delay
+                # that overran there (a sleep stretched on a loaded machine) is in the
+                # truth's mean alone. Allow for the most any one step held.
+                most = truth["planted_step_max_s"][mode][name]
+                low = min(want, (truth["planted_total_s"][mode][name] - most) / (truth_steps - 1))
+            if not low * (1 - DELAY_TOLERANCE) <= got <= high:
                 planted_total = truth["planted_total_s"][mode][name]
                 problems.append(
                     f"{mode} {name}: {got * 1e3:.2f} ms/step measured, {want * 1e3:.2f} ms/step planted "
