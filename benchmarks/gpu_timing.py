@@ -408,6 +408,10 @@ def main(argv=None) -> int:
             elif m == "sync":
                 note = f"  sync costs {100 * (ratio - 1):+.1f}%"
             print(f"{kind:<12} {m:<7} {1e3 * wall[m]:8.2f} {ratio:7.3f} {vs_plain:8.3f}{note}")
+        if kind in GPU_BOUND:  # where the shipped configuration's cost goes (events = default less sampling)
+            print(f"{kind:<12} default's cost: {wall['default'] / wall['plain']:.3f} x plain = events "
+                  f"{wall['events'] / wall['plain']:.3f} x plain (step timing) * default "
+                  f"{wall['default'] / wall['events']:.3f} x events (hardware sampling)")
         summary[kind] = {"ms_per_step": {m: 1e3 * wall[m] for m in modes},
                          "quartiles_ms": {m: [1e3 * q for q in statistics.quantiles(
                              [w for x in runs[m] for w in x["walls"]], n=4)] for m in modes},

@@ -406,6 +406,11 @@ def test_benchmark_harness_smoke_on_cpu(via):
         for mode in ("plain", "off", "events", "sync", "default"):
             assert re.search(rf"^{loop}\s+{mode}\s+\d", out.stdout, re.M), (loop, mode, out.stdout)
         assert re.search(rf"^{loop}\s+(train_batch|step)/forward\s", out.stdout, re.M), out.stdout
+        split = re.search(rf"^{loop}\s+default's cost: ([\d.]+) x plain = events ([\d.]+) x plain .* \* default "
+                          r"([\d.]+) x events \(hardware sampling\)", out.stdout, re.M)
+        assert split, out.stdout
+        total, timing, sampling = map(float, split.groups())
+        assert total == pytest.approx(timing * sampling, abs=0.002), split.group(0)
 
 
 @pytest.mark.slow
