@@ -167,6 +167,7 @@ resuming from an earlier checkpoint (docs/telemetry.md, "A restarted run"). Kept
 runs under ``torchrun`` (restarts with ``--max-restarts``) and runs with
 ``OTEL_TRAINING_RUN_ID`` set (a requeued job that keeps its run id); a run id made up
 for one process keeps none. Default: a folder in the node's temporary directory; use a
-shared filesystem where a restarted rank may land on another node. ``none`` keeps no
-record.
+shared filesystem where a restarted rank may land on another node. A run's folder
+with nothing written for 7 days is removed when a later run starts there. ``none``
+keeps no record.
 """

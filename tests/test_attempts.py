@@ -10,6 +10,7 @@ files."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -19,7 +20,7 @@ from otel_training.config import ConfigError, load_config
 from otel_training.diagnosis.goodput_findings import job_findings
 from otel_training.diagnosis.goodput_text import compare_job, goodput_lines, report_lines
 from otel_training.export import job as job_export
-from otel_training.runtime.attempts import AttemptFile, attempt_file, lost_progress, run_view
+from otel_training.runtime.attempts import AttemptFile, attempt_file, lost_progress, prune, run_view
 from tests.otlp_receiver import OTLPReceiver, attributes, free_port
 from tests.scripts.harness import BIN, ROOT, SCRIPTS, otel_env, run
 
@@ -70,6 +71,45 @@ def test_an_unreadable_or_foreign_file_is_no_earlier_attempt(tmp_path):
     for text in ("{not json", json.dumps({"run_id": "other", "attempts": [_attempt()]}), json.dumps([1, 2])):
         path.write_text(text)
         assert AttemptFile(str(tmp_path), "r", 0, None).load() == []
+
+
+def _run_folder(root, name: str, age_s: float, files=("rank-0.json", "rank-1.json")):
+    folder = root / name
+    folder.mkdir(parents=True)
+    when = time.time() - age_s
+    for f in files:
+        (folder / f).write_text("{}")
+        os.utime(folder / f, (when, when))
+    os.utime(folder, (when, when))
+    return folder
+
+
+def test_old_run_folders_are_pruned_and_nothing_else(tmp_path):
+    """A week untouched: gone. A recent run, this run's own folder, a folder holding a
+    file that is not ours, a folder just made, a link: kept."""
+    week = 7 * 86_400
+    old = _run_folder(tmp_path, "old", week + 3_600)
+    recent = _run_folder(tmp_path, "recent", week - 3_600)
+    mine = _run_folder(tmp_path, "mine", week + 3_600)
+    foreign = _run_folder(tmp_path, "foreign", week + 3_600, files=("rank-0.json", "notes.txt"))
+    (tmp_path / "new").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(_run_folder(tmp_path / "elsewhere", "target", week + 3_600), target_is_directory=True)
+    assert prune(tmp_path, keep=mine) == 1
+    assert not old.exists() and recent.exists() and mine.exists() and foreign.exists() and (tmp_path / "new").exists()
+    assert link.exists() and (link / "rank-0.json").exists()
+    assert prune(tmp_path / "missing", keep=mine) == 0
+
+
+def test_a_run_prunes_old_run_folders_at_start(tmp_path):
+    """A real run with a run id of its own removes a week-old run's folder beside its own."""
+    old = _run_folder(tmp_path / "attempts", "last-month", 30 * 86_400)
+    env = otel_env(None, tmp_path, PYTHONPATH=str(ROOT), OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                   OTEL_LOGS_EXPORTER="none", OTEL_TRAINING_HARDWARE="false", OTEL_TRAINING_RUN_ID="today")
+    r = run([str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(SCRIPTS / "train_restarted.py"),
+             "--dir", str(tmp_path), "--steps", "6", "--step-ms", "10"], env, timeout=240)
+    assert r.proc.returncode == 0, r.stderr
+    assert not old.exists() and (tmp_path / "attempts" / "today" / "rank-0.json").exists()
 
 
 def test_the_folder_variable_names_itself_when_malformed(tmp_path):

@@ -14,7 +14,9 @@ are taken, and at exit (SIGTERM included). The next attempt reads it at start:
   the one this attempt resumed from, which this attempt does again.
 
 A run id we made up (no torchrun, no ``OTEL_TRAINING_RUN_ID``) names one process
-only: no file is kept for it.
+only: no file is kept for it. A run's folder untouched for ``KEEP_S`` (7 days) is
+removed when a later run starts in the same folder (``torchrun --standalone`` makes a
+new run id each time).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from otel_training import semconv as sc
 
 WRITE_EVERY_S = 10.0  # a killed attempt's record is at most this old
 _MAX_ATTEMPTS = 100  # earlier attempts kept in a file (the oldest dropped)
+KEEP_S = 7 * 86_400.0  # a run's folder with nothing written for this long is removed
 RESTART, LOST = sc.ACTIVITY_RESTART, "lost_progress"  # the run's own activities (the run view)
 
 
@@ -102,6 +106,37 @@ class AttemptFile:
             except OSError:
                 pass
             raise
+
+
+_OURS = re.compile(r"^(rank-\d+\.json|\.attempt-.+)$")  # what a run folder of ours holds
+
+
+def prune(directory: str | os.PathLike, keep: str | os.PathLike, now: float | None = None) -> int:
+    """Remove the run folders under ``directory`` (not ``keep``) whose files were all
+    last written more than ``KEEP_S`` ago; how many went. Only what we write there is
+    touched (``rank-N.json``, a write's leftover temporary file); nothing raises."""
+    cutoff = (time.time() if now is None else now) - KEEP_S
+    removed = 0
+    try:
+        runs = [p for p in Path(directory).iterdir() if p != Path(keep) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return 0
+    for run in runs:
+        try:
+            if run.stat().st_mtime > cutoff:  # (a folder just made, its first file not yet in)
+                continue
+            files = list(run.iterdir())
+            if not all(_OURS.match(f.name) and f.is_file() for f in files):
+                continue  # something of someone else's: left alone
+            if any(f.stat().st_mtime > cutoff for f in files):
+                continue
+            for f in files:
+                f.unlink()
+            run.rmdir()
+            removed += 1
+        except OSError:  # another run pruning at once, or not ours to remove
+            continue
+    return removed
 
 
 def attempt_file(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from otel_training.aggregate.job import JobClock
 from otel_training.record.activities import Activities, ActivityLog
 from otel_training.record.global_step import GlobalStep
-from otel_training.runtime.attempts import WRITE_EVERY_S, AttemptFile, lost_progress, run_view
+from otel_training.runtime.attempts import WRITE_EVERY_S, AttemptFile, lost_progress, prune, run_view
 
 SAVE_SETTLE_S = 1.0  # after a checkpoint save, the record is rewritten once the pipeline took it in
 
@@ -129,7 +129,11 @@ class Goodput:
 
     def _write_every(self) -> None:
         """Every ``WRITE_EVERY_S``, and after each checkpoint save (a killed attempt's
-        next one resumes from a save: its record should know it)."""
+        next one resumes from a save: its record should know it). First, old runs'
+        folders go (``attempts.prune``), off the training thread."""
+        attempts = self.attempts
+        if attempts is not None:
+            prune(attempts.path.parent.parent, keep=attempts.path.parent)
         while not self._stop.is_set():
             if self._saved.wait(WRITE_EVERY_S):
                 self._saved.clear()
