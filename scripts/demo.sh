@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/otel-training demo "$@"
+# A child process, not exec: an exec'd process keeps this shell's start time, and the
+# demo's start-up (process start to the first step) would hold the installation.
+.venv/bin/otel-training demo "$@"
