@@ -258,7 +258,7 @@ def _job(**activities: float) -> dict:
 
 @pytest.mark.parametrize("activity,kind,advice", [
     ("checkpoint", "checkpoint_bound", "async_save"),
-    ("startup", "startup_bound", "TORCHINDUCTOR_CACHE_DIR"),
+    ("startup", "startup_bound", "index or preprocess the data set"),
     ("eval", "eval_bound", "evaluate less often"),
     ("other", "other_bound", "otel_training.phase"),
 ])
@@ -268,6 +268,32 @@ def test_a_finding_for_each_activity_that_holds_the_wall_time(activity, kind, ad
     assert found[0].kind == kind and found[0].score == pytest.approx(0.5), found
     assert any(advice in a for a in found[0].advice), found[0].advice
     assert job_findings(_job(train=95.0, **{activity: 5.0})) == []  # under every threshold
+
+
+def test_start_up_advice_fits_what_the_run_does():
+    """Compile caches only where the run compiled, spawned workers only where it has
+    DataLoader workers (both kept where unknown), and a short run told so."""
+    def advice(job, facts=None):
+        (f,) = [f for f in job_findings(job, None, facts) if f.kind == "startup_bound"]
+        return " | ".join(f.advice)
+
+    plain = _job(startup=300.0, train=700.0)
+    no_workers = {"loaders": [{"num_workers": 0, "shuffle": True}]}
+    text = advice(plain, no_workers)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in text and "spawned workers" not in text and "this short" not in text, text
+    assert "index or preprocess" in text
+    compiled = dict(_job(startup=250.0, compile=50.0, train=700.0),
+                    compile={"compilations": 3, "recompilations": 1, "recompiled_at": [12]})
+    assert "TORCHINDUCTOR_CACHE_DIR" in advice(compiled, no_workers)
+    assert "spawned workers" in advice(plain, {"loaders": [{"num_workers": 4, "shuffle": True}]})
+    unknown = advice({k: v for k, v in plain.items() if k != "compile"})
+    assert "TORCHINDUCTOR_CACHE_DIR" in unknown and "spawned workers" in unknown
+    assert advice(_job(startup=3.0, train=7.0), no_workers).startswith("a run this short (10 s)")
+    # The run-end table reads the summary's run section; a report, its run_facts.
+    table = "\n".join(summary_lines({"job": plain, "coverage": None, "run": no_workers}))
+    assert "start-up-bound" in table and "spawned workers" not in table, table
+    report = "\n".join(report_lines({"job": [dict(plain, rank=0)], "run": "r1", "run_facts": no_workers}))
+    assert "start-up-bound" in report and "spawned workers" not in report, report
 
 
 def test_the_goodput_bar_and_its_lines():

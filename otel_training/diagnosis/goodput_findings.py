@@ -8,6 +8,7 @@ what removing it could give back to training. Findings of the step time
 
 from __future__ import annotations
 
+from otel_training.diagnosis.advice import train_loaders
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
 
@@ -28,8 +29,41 @@ def _s(x: float) -> str:
     return f"{x:.2f} s" if x < 10 else f"{x:,.0f} s"
 
 
-def job_findings(job: dict | None, coverage: dict | None = None) -> list[Finding]:
-    """Ranked findings for a ``job`` section (empty without one)."""
+SHORT_RUN_S = 600.0  # a run this short is a trial: its start-up share says little of a real run
+
+
+def _startup_advice(job: dict, share: dict, wall: float, facts: dict | None) -> list[str]:
+    """What shortens start-up, for what this run does: compile caches only where it
+    compiled, spawned DataLoader workers only where it has workers (each unknown: kept)."""
+    advice = []
+    if wall < SHORT_RUN_S:
+        advice.append(
+            f"a run this short ({_s(wall)}) spends much of its time starting: start-up (imports, model build) "
+            "is paid once, so judge goodput on a run of real length"
+        )
+    comp = job.get("compile")
+    if not isinstance(comp, dict) or comp.get("compilations") or share.get("compile", 0.0) >= 0.01:
+        advice.append(
+            "keep torch.compile's caches between runs: TORCHINDUCTOR_CACHE_DIR on a persistent disk "
+            "(the FX graph and AOTAutograd caches reuse compiled code)"
+        )
+    loaders = train_loaders(facts) if facts else []
+    if not loaders or any(int(ld.get("num_workers") or 0) > 0 for ld in loaders):
+        advice.append(
+            "spawned workers (DataLoader workers with the spawn start method, torch.multiprocessing.spawn) "
+            're-import the training script: keep set-up under `if __name__ == "__main__":` and use '
+            "persistent_workers=True"
+        )
+    advice.append(
+        "index or preprocess the data set once and save the result (a cached index, pre-tokenized "
+        "shards) instead of at every start"
+    )
+    return advice
+
+
+def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | None = None) -> list[Finding]:
+    """Ranked findings for a ``job`` section (empty without one); ``facts``: the
+    summary's ``run`` section, where known, so advice leaves out what does not apply."""
     if not job or not job.get("wall_s"):
         return []
     wall = float(job["wall_s"])
@@ -70,15 +104,7 @@ def job_findings(job: dict | None, coverage: dict | None = None) -> list[Finding
             detail += f", torch.compile's compilation {_pct(share['compile'])}"
             if comp.get("recompilations"):
                 detail += f" ({comp['recompilations']} recompilations)"
-        advice = [
-            "keep torch.compile's caches between runs: TORCHINDUCTOR_CACHE_DIR on a persistent disk "
-            "(the FX graph and AOTAutograd caches reuse compiled code)",
-            "spawned workers (DataLoader workers with the spawn start method, torch.multiprocessing.spawn) "
-            're-import the training script: keep set-up under `if __name__ == "__main__":` and use '
-            "persistent_workers=True",
-            "index or preprocess the data set once and save the result (a cached index, pre-tokenized "
-            "shards) instead of at every start",
-        ]
+        advice = _startup_advice(job, share, wall, facts)
         out.append(Finding("startup_bound", start, "start-up-bound", detail, advice))
 
     ev = share.get("eval", 0.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 
+from otel_training.diagnosis.advice import facts_of
 from otel_training.diagnosis.goodput_findings import job_findings
 from otel_training.diagnosis.words import plural
 
@@ -162,9 +163,11 @@ def run_goodput(job: dict) -> float:
     return float((job.get("run") or job).get("goodput") or 0.0)
 
 
-def finding_lines(job: dict, coverage: dict | None = None, advice: int = 3, indent: str = "") -> list[str]:
+def finding_lines(
+    job: dict, coverage: dict | None = None, advice: int = 3, indent: str = "", facts: dict | None = None
+) -> list[str]:
     """The top finding about the wall time, with its advice (none below the thresholds)."""
-    found = job_findings(job, coverage)
+    found = job_findings(job, coverage, facts)
     if not found:
         return []
     f = found[0]
@@ -176,7 +179,7 @@ def summary_lines(summary: dict) -> list[str]:
     job = summary.get("job")
     if not job:
         return []
-    return goodput_lines(job) + finding_lines(job, summary.get("coverage"))
+    return goodput_lines(job) + finding_lines(job, summary.get("coverage"), facts=facts_of(summary))
 
 
 def report_lines(report: dict) -> list[str]:
@@ -204,7 +207,7 @@ def report_lines(report: dict) -> list[str]:
         (c for c in report.get("coverage") or [] if c.get("rank") == worst.get("rank")),
         None,
     )
-    for f in job_findings(worst, coverage)[:3]:
+    for f in job_findings(worst, coverage, facts_of(report))[:3]:
         lines.append(f"goodput: [{f.severity}] {f.title} ({100 * f.score:.0f}% of the wall time)")
         lines.append(f"  {f.detail}")
         lines.extend(f"  - {a}" for a in f.advice)
