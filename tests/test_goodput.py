@@ -286,6 +286,8 @@ def test_start_up_advice_fits_what_the_run_does():
                     compile={"compilations": 3, "recompilations": 1, "recompiled_at": [12]})
     assert "TORCHINDUCTOR_CACHE_DIR" in advice(compiled, no_workers)
     assert "spawned workers" in advice(plain, {"loaders": [{"num_workers": 4, "shuffle": True}]})
+    eval_workers = {"loaders": [{"num_workers": 0, "shuffle": True}, {"num_workers": 2, "shuffle": False}]}
+    assert "spawned workers" in advice(plain, eval_workers)  # an eval loader's workers start too
     unknown = advice({k: v for k, v in plain.items() if k != "compile"})
     assert "TORCHINDUCTOR_CACHE_DIR" in unknown and "spawned workers" in unknown
     assert advice(_job(startup=3.0, train=7.0), no_workers).startswith("a run this short (10 s)")

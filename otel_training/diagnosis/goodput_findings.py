@@ -8,7 +8,6 @@ what removing it could give back to training. Findings of the step time
 
 from __future__ import annotations
 
-from otel_training.diagnosis.advice import train_loaders
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
 
@@ -47,7 +46,8 @@ def _startup_advice(job: dict, share: dict, wall: float, facts: dict | None) -> 
             "keep torch.compile's caches between runs: TORCHINDUCTOR_CACHE_DIR on a persistent disk "
             "(the FX graph and AOTAutograd caches reuse compiled code)"
         )
-    loaders = train_loaders(facts) if facts else []
+    # Every loader's workers re-import the script, an eval loader's too.
+    loaders = [ld for ld in (facts or {}).get("loaders") or () if isinstance(ld, dict)]
     if not loaders or any(int(ld.get("num_workers") or 0) > 0 for ld in loaders):
         advice.append(
             "spawned workers (DataLoader workers with the spawn start method, torch.multiprocessing.spawn) "
