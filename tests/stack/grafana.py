@@ -6,10 +6,13 @@ Transcribed from Grafana's sources:
 
 - frontend (``PanelQueryRunner`` / scenes ``SceneQueryRunner``): ``interval =
   rangeutil.calculateInterval(range, maxDataPoints, panel.interval or ds.interval)``,
-  i.e. ``max(roundInterval(range / maxDataPoints), lowLimit)`` with the frontend's
-  ``roundInterval`` (``<`` bounds); the Prometheus data source's ``interval`` is its
+  i.e. ``max(roundInterval(range / maxDataPoints), intervalToMs(lowLimit))`` with the
+  frontend's ``roundInterval`` (``<`` bounds) and ``intervalToMs`` (one number and
+  unit: ``1m30s`` is 1 minute); the Prometheus data source's ``interval`` is its
   ``jsonData.timeInterval`` (default 15s). ``maxDataPoints`` is the panel's, or its
-  width in pixels.
+  width in pixels. ``round_interval_frontend``, ``interval_to_ms``, ``seconds_to_hms``
+  and ``calculate_interval`` are checked against ``@grafana/data``'s own rangeutil
+  (tests/stack/test_grafana_npm.py); the backend half is not on npm (Go).
 - backend (``pkg/promlib/models/query.go``): ``minInterval = gtime.GetIntervalFrom(
   timeInterval, target.interval, intervalMs)`` (the frontend interval when the target
   sets no min step); step = ``max(Calculate(range, minInterval, maxDataPoints),
@@ -28,7 +31,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 SAFE_RESOLUTION = 11000
 DEFAULT_SCRAPE = "15s"
@@ -72,7 +75,8 @@ _UNITS_MS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000, "w": 6
 
 
 def parse_ms(text: str) -> int:
-    """A Grafana interval string (``15s``, ``1m``, ``500ms``, a bare number of seconds)."""
+    """A Grafana interval string (``15s``, ``1m``, ``500ms``, a bare number of seconds) as the
+    backend (Go) reads its usual forms; the frontend reads it with ``interval_to_ms``."""
     text = text.strip()
     if re.fullmatch(r"\d+", text):
         return int(text) * 1000
@@ -82,6 +86,47 @@ def parse_ms(text: str) -> int:
     if not total and text not in ("0", "0s"):
         raise ValueError(f"not an interval: {text!r}")
     return int(total)
+
+
+_FRONTEND_UNIT_S = {"y": 31536000, "M": 2592000, "w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1,
+                    "ms": 1e-3}
+_JS_DECIMAL = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", re.ASCII)
+
+
+def interval_to_ms(text: str) -> float:
+    """``rangeutil.intervalToMs``: a bare non-zero number is seconds (its integer part);
+    otherwise only the leading ``<number><unit>`` counts (``1m30s`` is 60000, ``1.5m`` is
+    60000: the count is the integer part), ``M`` is 30 days; ``0`` and a string with no
+    unit raise. Decimal strings only (JavaScript's hex or binary literals are not)."""
+    if _JS_DECIMAL.fullmatch(text) and float(text):  # JavaScript's `if (Number(str))`
+        whole = re.match(r"\s*([+-]?\d+)", text, re.ASCII)  # parseInt(str, 10): NaN for ".5"
+        return 1000 * int(whole.group(1)) if whole else math.nan
+    match = re.match(r"(-?\d+(?:\.\d+)?)(ms|[Mwdhmsy])", text, re.ASCII)
+    if not match:
+        raise ValueError(f"Invalid interval string: {text!r}")
+    return _FRONTEND_UNIT_S[match.group(2)] * 1000 * int(float(match.group(1)))
+
+
+def seconds_to_hms(seconds: float) -> str:
+    """``rangeutil.secondsToHms``: the largest whole unit, from years down to ms."""
+    rest = seconds
+    for unit, size in (("y", 31536000), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count = math.floor(rest / size)  # JavaScript's % is math.fmod
+        if count:
+            return f"{count}{unit}"
+        rest = math.fmod(rest, size)
+    milliseconds = math.floor(seconds * 1000)
+    return f"{milliseconds}ms" if milliseconds else "less than a millisecond"
+
+
+def calculate_interval(range_ms: float, resolution: float, low_limit: Optional[str] = None) -> Tuple[float, str]:
+    """``rangeutil.calculateInterval``: (intervalMs, interval) for a range over
+    ``resolution`` points, at least ``low_limit`` (1 ms when unset or empty)."""
+    low_ms = interval_to_ms(low_limit) if low_limit else 1
+    interval_ms = round_interval_frontend(range_ms / resolution)
+    if low_ms > interval_ms:
+        interval_ms = low_ms
+    return interval_ms, seconds_to_hms(interval_ms / 1000)
 
 
 def go_duration(ms: int) -> str:
@@ -132,8 +177,7 @@ def plan(range_s: float, end: float, max_data_points: int, time_interval: Option
     end]`` from a panel with ``max_data_points`` (its width in pixels unless set)."""
     range_ms = range_s * 1000
     # frontend
-    low = panel_interval or time_interval or DEFAULT_SCRAPE
-    interval_ms = max(round_interval_frontend(range_ms / max_data_points), parse_ms(low))
+    interval_ms, _ = calculate_interval(range_ms, max_data_points, panel_interval or time_interval or DEFAULT_SCRAPE)
     # backend
     min_ms = parse_ms(target_interval) if target_interval else interval_ms
     raw = range_ms / max_data_points
