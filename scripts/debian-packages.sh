@@ -1,4 +1,4 @@
-# Sourced by scripts/install-prometheus.sh and scripts/install-alertmanager.sh:
+# Sourced by scripts/install-alertmanager.sh:
 #
 #   debian_unpack DEST SUITE PACKAGE...
 #

@@ -7,9 +7,8 @@
 #   2. ALERTMANAGER_BIN / AMTOOL_BIN, or alertmanager (or prometheus-alertmanager) and
 #      amtool on PATH: linked;
 #   3. Debian's `prometheus-alertmanager` package (it holds both binaries) from the
-#      `unstable` suite, fetched and unpacked into .tools exactly as
-#      scripts/install-prometheus.sh does (scripts/debian-packages.sh: a private,
-#      temporary apt state; nothing installed system-wide). That binary looks for its
+#      `unstable` suite, fetched and unpacked into .tools (scripts/debian-packages.sh:
+#      a private, temporary apt state; nothing installed system-wide). That binary looks for its
 #      templates in /usr/share/prometheus/alertmanager: see "relocated" below.
 #
 # .tools/bin/alertmanager runs the binary under its upstream name.

@@ -132,8 +132,8 @@ def prometheus(tmp_path_factory):
     prom, promtool = TOOLS / "prometheus", TOOLS / "promtool"
     if not (prom.exists() and promtool.exists()):
         if os.environ.get("CI") == "true":
-            pytest.fail("real Prometheus not installed (scripts/install-prometheus.sh)")
-        pytest.skip("real Prometheus not installed (run scripts/install-prometheus.sh)")
+            pytest.fail("real Prometheus not installed (scripts/install-stack.sh)")
+        pytest.skip("real Prometheus not installed (run scripts/install-stack.sh)")
     d = tmp_path_factory.mktemp("prom")
     now = int(time.time())
     t0, t1 = now - 1500 - now % STEP, now - 300 - now % STEP

@@ -239,7 +239,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     if not (PROMETHEUS.exists() and PROMTOOL.exists()):
-        pytest.skip("real Prometheus not installed (run scripts/install-prometheus.sh)")
+        pytest.skip("real Prometheus not installed (run scripts/install-stack.sh)")
     d = tmp_path_factory.mktemp("prom")
     now = int(time.time())
     t0, t1 = now - 1500 - now % STEP, now - 300 - now % STEP

@@ -11,7 +11,7 @@ _COMMANDS = {
     "trace-merge": ("otel_training.cli.trace_merge", "merge trace files (ranks, torch.profiler) on one clock"),
     "bench-data": ("otel_training.cli.bench_data", "benchmark a Dataset and DataLoader settings"),
     "agent": ("otel_training.cli.agent", "sample host and GPU hardware and export it (no training needed)"),
-    "stack": ("otel_training.cli.stack", "the Docker stack's files: init DIR writes them, check DIR validates them"),
+    "stack": ("otel_training.cli.stack", "stack files (init, check), the stack without Docker (up, status, down)"),
     "config": ("otel_training.cli", "show every OTEL_TRAINING_* variable, its value and whether it is valid"),
 }
 

@@ -2,7 +2,9 @@
 files, shipped inside the package.
 
 ``stack init DIR`` writes docker-compose.yml and every configuration it mounts into
-DIR; ``stack check DIR`` validates such a directory (``cli/stack_check.py``). The
+DIR; ``stack check DIR`` validates such a directory (``cli/stack_check.py``);
+``stack up DIR``, ``stack status DIR`` and ``stack down DIR`` run the compose file's
+services without Docker (``cli/stack_plan.py``, ``cli/stack_procs.py``). The
 package's copies are the repository's top-level files (``otel_training/stack_files``
 links to them and the build copies what they point to), so there is one source.
 """
@@ -10,6 +12,7 @@ links to them and the build copies what they point to), so there is one source.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -100,21 +103,79 @@ def init(directory: Path, force: bool = False) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="The Collector, Prometheus, Alertmanager, Tempo and Grafana files, from the package."
+        prog=PROG,
+        description="The Collector, Prometheus, Alertmanager, Tempo and Grafana files, from the package, "
+        "and the stack run without Docker.",
     )
-    sub = parser.add_subparsers(dest="action", metavar="{init,check}", required=True)
+    sub = parser.add_subparsers(dest="action", metavar="{init,check,up,status,down}", required=True)
     p_init = sub.add_parser("init", help="write docker-compose.yml and every config into DIR")
     p_init.add_argument("directory", metavar="DIR", type=Path, help="where to write (made if missing)")
     p_init.add_argument("--force", action="store_true", help="overwrite files that differ from otel-training's")
     p_check = sub.add_parser("check", help="validate the stack files in DIR (YAML/JSON, promtool, uids, names)")
     p_check.add_argument("directory", metavar="DIR", type=Path, help="a directory written by `stack init`")
+    p_up = sub.add_parser(
+        "up", help="run the compose file's services without Docker (Jaeger in Tempo's place; no Grafana)"
+    )
+    p_up.add_argument("directory", metavar="DIR", type=Path, help="the stack files (written here first if missing)")
+    p_up.add_argument(
+        "--bin-dir", type=Path, help="folder with otelcol, prometheus, alertmanager and jaeger (default: PATH)"
+    )
+    p_status = sub.add_parser("status", help="each service's state and URL")
+    p_status.add_argument("directory", metavar="DIR", type=Path, help="a directory run by `stack up`")
+    p_status.add_argument("--json", action="store_true", help="as JSON: services -> state, url, pid, log")
+    p_down = sub.add_parser("down", help="stop what `stack up DIR` started")
+    p_down.add_argument("directory", metavar="DIR", type=Path, help="a directory run by `stack up`")
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from otel_training.cli import stack_plan, stack_procs
+
+    directory: Path = args.directory
+    if args.action == "up" and not (directory / stack_plan.COMPOSE).exists():
+        code = init(directory)
+        if code:
+            return code
+    if not (directory / stack_plan.COMPOSE).exists():
+        print(
+            f"{PROG} {args.action}: no {stack_plan.COMPOSE} in {directory} (otel-training stack init DIR)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        plan = stack_plan.plan(directory)
+        if args.action == "up":
+            stack_procs.up(plan, args.bin_dir, print)
+            print(
+                f"otel-training: the stack runs from {plan.directory}; OTLP at "
+                f"{next(s.url for s in plan.services if s.name == 'otel-collector')} (HTTP) and on the gRPC port; "
+                f"stop it with: otel-training stack down {directory}"
+            )
+            return 0
+        if args.action == "down":
+            stopped = stack_procs.down(plan, print)
+            print(f"otel-training: {plural(stopped, 'service')} stopped")
+            return 0
+        report = stack_procs.status(plan)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            for name, svc in report["services"].items():
+                where = svc["url"] or ""
+                note = f"  ({svc['note']})" if svc.get("note") else ""
+                print(f"{name:16} {svc['state']:12} {where}{note}")
+        return 0 if all(s["state"] in ("healthy", "not started") for s in report["services"].values()) else 1
+    except (stack_plan.PlanError, stack_procs.StackError) as exc:
+        print(f"{PROG} {args.action}: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.action == "init":
         return init(args.directory, args.force)
+    if args.action in ("up", "status", "down"):
+        return _run(args)
     from otel_training.cli.stack_check import main_check
 
     return main_check(args.directory)

@@ -1,9 +1,9 @@
-"""Fixtures of the stack tests: real Prometheus/promtool binaries, a real instrumented
-training run translated as Prometheus 3 would store it, and a Prometheus holding it.
+"""Fixtures of the stack tests: the real stack's binaries, a real instrumented training
+run translated as Prometheus 3 would store it, and a Prometheus holding it.
 
-Binaries come from ``scripts/install-prometheus.sh`` and
-``scripts/install-alertmanager.sh`` (run here when missing). If they cannot obtain them
-the tests that need them skip, except under ``CI=true``, where they fail.
+Binaries come from ``scripts/install-stack.sh`` (the Collector, Prometheus and promtool,
+Jaeger) and ``scripts/install-alertmanager.sh`` (run here when missing). If they cannot
+obtain them the tests that need them skip, except under ``CI=true``, where they fail.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.stack.prom_translate import Translator, promoted_attributes, translat
 from tests.stack.promserver import ROOT, Prometheus, stack_config
 
 BIN = ROOT / ".tools" / "bin"
-INSTALL = ROOT / "scripts" / "install-prometheus.sh"
+INSTALL = ROOT / "scripts" / "install-stack.sh"
 INSTALL_ALERTMANAGER = ROOT / "scripts" / "install-alertmanager.sh"
 
 
@@ -49,9 +49,9 @@ def _works(binary: Path) -> bool:
 def prom_bin() -> Path:
     """Directory holding prometheus and promtool 3.x."""
     if not (_works(BIN / "prometheus") and _works(BIN / "promtool")):
-        proc = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(["bash", str(INSTALL), "prometheus"], capture_output=True, text=True, timeout=1200)
         if not (_works(BIN / "prometheus") and _works(BIN / "promtool")):
-            unavailable("scripts/install-prometheus.sh could not obtain Prometheus 3 and promtool: "
+            unavailable("scripts/install-stack.sh could not build Prometheus 3 and promtool: "
                         + (proc.stderr.strip().splitlines() or ["no output"])[-1])
     return BIN
 
@@ -71,6 +71,24 @@ def am_bin() -> Path:
         proc = subprocess.run(["bash", str(INSTALL_ALERTMANAGER)], capture_output=True, text=True, timeout=900)
         if not (_runs_ok(BIN / "alertmanager") and _runs_ok(BIN / "amtool")):
             unavailable("scripts/install-alertmanager.sh could not obtain Alertmanager and amtool: "
+                        + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+    return BIN
+
+
+@pytest.fixture(scope="session")
+def stack_bin(prom_bin, am_bin) -> Path:
+    """Directory holding every binary ``otel-training stack up`` runs."""
+    def runs(name):
+        try:
+            flag = "version" if name == "jaeger" else "--version"  # jaeger has a subcommand, no flag
+            return subprocess.run([str(BIN / name), flag], capture_output=True, timeout=30).returncode == 0
+        except OSError:
+            return False
+    if not (runs("otelcol") and runs("jaeger")):
+        proc = subprocess.run(["bash", str(INSTALL), "otelcol", "jaeger"], capture_output=True, text=True,
+                              timeout=1200)
+        if not (runs("otelcol") and runs("jaeger")):
+            unavailable("scripts/install-stack.sh could not build the Collector and Jaeger: "
                         + (proc.stderr.strip().splitlines() or ["no output"])[-1])
     return BIN
 

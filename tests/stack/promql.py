@@ -17,7 +17,7 @@ RULE_FILES = sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
 
 # The stack's own components, scraped by Prometheus (not training telemetry): `up` for
 # every scrape job, and the Collector's internal metrics (service.telemetry, :8888;
-# names of Collector 0.147.0, counters with `_total` in the Prometheus exposition).
+# names of Collector 0.165.0, counters with `_total` in the Prometheus exposition).
 STACK_COMPONENT_METRICS = {
     "up",
     "otelcol_receiver_refused_metric_points_total", "otelcol_receiver_refused_spans_total",

@@ -139,13 +139,17 @@ def test_check_passes_on_the_written_stack_without_tools(stack_dir):
     assert any("promtool not on PATH" in n for n in notes) and any("amtool not on PATH" in n for n in notes)
 
 
-def test_check_passes_with_promtool_and_amtool(stack_dir, prom_bin, am_bin, capsys):
-    tools = {"promtool": str(prom_bin / "promtool"), "amtool": str(am_bin / "amtool")}
-    problems, notes = _check(stack_dir, tools.get)
+def _tools(stack_bin):
+    return {name: str(stack_bin / name) for name in ("promtool", "amtool", "otelcol")}
+
+
+def test_check_passes_with_promtool_amtool_and_otelcol(stack_dir, stack_bin, capsys):
+    problems, notes = _check(stack_dir, _tools(stack_bin).get)
     assert problems == []
     tests = len(list((stack_dir / "prometheus" / "tests").glob("*.yml")))
     assert f"promtool test rules: {tests} of {tests} files passed" in notes
     assert "amtool check-config: passed" in notes
+    assert "otelcol validate: agent.yaml, config.yaml, gateway.yaml passed" in notes
 
 
 def _edit(path: Path, old: str, new: str, count: int = 1) -> None:
@@ -205,6 +209,10 @@ NEEDS_TOOLS = {  # faults only the real tools see
                                      "prometheus/tests/stalled.test.yml", "promtool test rules failed"),
     "alertmanager: unknown field": (lambda d: _edit(d / "alertmanager/alertmanager.yml", "receiver: ", "receivr: "),
                                     "alertmanager/alertmanager.yml", "receivr not found"),
+    # one unknown key stops the Collector for every user: only the Collector itself knows its keys
+    "collector: unknown key": (lambda d: _edit(d / "collector-config/gateway.yaml", "check_interval: 1s",
+                                               "check_intervall: 1s"),
+                               "collector-config/gateway.yaml", "otelcol validate failed"),
 }
 
 
@@ -221,9 +229,8 @@ def test_a_broken_copy_fails_with_one_line(stack_dir, capsys, case):
 
 
 @pytest.mark.parametrize("case", sorted(NEEDS_TOOLS))
-def test_a_copy_only_the_tools_reject_fails_with_one_line(stack_dir, capsys, prom_bin, am_bin, case):
-    tools = {"promtool": str(prom_bin / "promtool"), "amtool": str(am_bin / "amtool")}
-    _one_line(stack_dir, capsys, tools.get, *NEEDS_TOOLS[case])
+def test_a_copy_only_the_tools_reject_fails_with_one_line(stack_dir, capsys, stack_bin, case):
+    _one_line(stack_dir, capsys, _tools(stack_bin).get, *NEEDS_TOOLS[case])
 
 
 def test_check_on_the_command_line(stack_dir, prom_bin, tmp_path):

@@ -13,21 +13,40 @@ from tests.stack.prom_translate import metric_name
 from tests.stack.promserver import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-COLLECTOR_VERSION = "0.147.0"
-# Component types of otel/opentelemetry-collector-contrib 0.147.0 used by our configs
-# (0.144.0 renamed the OTLP exporters to otlp_grpc / otlp_http).
+VERSIONS = dict(line.split("=", 1) for line in (ROOT / "scripts" / "stack" / "versions.env").read_text().splitlines()
+                if line and not line.startswith("#"))
+COLLECTOR_VERSION = VERSIONS["OTELCOL_VERSION"]
+# Component types of the Collector release built from scripts/stack/otelcol-builder.yaml
+# (and of the contrib image of that release) that our configs use (0.144.0 renamed the
+# OTLP exporters to otlp_grpc / otlp_http).
 COMPONENTS = {
     "receivers": {"otlp"},
     "processors": {"memory_limiter", "batch"},
-    "exporters": {"otlp_grpc", "otlp_http", "debug"},
+    "exporters": {"otlp_grpc", "otlp_http"},
     "extensions": {"health_check", "bearertokenauth"},
+}
+# The Builder manifest's modules and the component type each provides.
+MODULE_TYPES = {
+    "otlpreceiver": "otlp", "batchprocessor": "batch", "memorylimiterprocessor": "memory_limiter",
+    "otlpexporter": "otlp_grpc", "otlphttpexporter": "otlp_http",
+    "healthcheckextension": "health_check", "bearertokenauthextension": "bearertokenauth",
 }
 PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "barchart", "heatmap", "table", "alertlist"}
 PROM_UID, TEMPO_UID = "otel-training-prometheus", "otel-training-tempo"
 
 
 def _collector(name: str) -> dict:
-    return yaml.safe_load((ROOT / "collector-config" / name).read_text())
+    """A Collector config as the container sees it: no variable with a default is set
+    there, so each ``${env:NAME:-default}`` is its default (the compose names)."""
+    text = (ROOT / "collector-config" / name).read_text()
+    return yaml.safe_load(re.sub(r"\$\{env:\w+:-([^}]*)\}", r"\1", text))
+
+
+def _manifest_modules() -> dict:
+    """Kind -> module names of scripts/stack/otelcol-builder.yaml."""
+    manifest = yaml.safe_load((ROOT / "scripts" / "stack" / "otelcol-builder.yaml").read_text())
+    return {kind: {entry["gomod"].split()[0].rsplit("/", 1)[1] for entry in manifest[kind]}
+            for kind in ("receivers", "processors", "exporters", "extensions")}
 
 
 def _datasources() -> list:
@@ -49,6 +68,10 @@ def test_expected_images_and_versions():
               for s in COMPOSE["services"].values()}
     assert images["otel/opentelemetry-collector-contrib"] == COLLECTOR_VERSION
     assert images["prom/prometheus"].startswith("v3.")
+    # the images are the versions scripts/install-stack.sh builds (bump both together)
+    assert images["otel/opentelemetry-collector-contrib"] == VERSIONS["OTELCOL_VERSION"]
+    assert images["prom/prometheus"] == "v" + VERSIONS["PROMETHEUS_VERSION"]
+    assert VERSIONS["OTELCOL_CONTRIB_VERSION"] == VERSIONS["OTELCOL_VERSION"]
     assert images["grafana/tempo"].startswith("2.")
     # 2.10.6 carries security fixes over 2.10.0-2.10.5
     assert tuple(int(x) for x in images["grafana/tempo"].split(".")) >= (2, 10, 6), images["grafana/tempo"]
@@ -253,6 +276,29 @@ def test_collector_pipelines_use_defined_components(name):
     for kind in used:  # nothing defined and left unused
         assert used[kind] == set(cfg.get(kind, {})), kind
     assert "health_check" in service["extensions"]
+
+
+def test_the_builder_manifest_lists_exactly_the_components_the_configs_use():
+    used = {kind: set() for kind in COMPONENTS}
+    for name in ("config.yaml", "agent.yaml", "gateway.yaml"):
+        cfg = _collector(name)
+        for kind in used:
+            used[kind] |= {comp.split("/")[0] for comp in cfg.get(kind, {})}
+    built = {kind: {MODULE_TYPES[m] for m in modules} for kind, modules in _manifest_modules().items()}
+    assert built == used
+    manifest = (ROOT / "scripts" / "stack" / "otelcol-builder.yaml").read_text()
+    versions = set(re.findall(r"v\$\{(\w+)\}", manifest))
+    assert versions == {"OTELCOL_VERSION", "OTELCOL_CONTRIB_VERSION", "OTELCOL_PROVIDERS_VERSION"}
+
+
+def test_collector_addresses_default_to_the_compose_names():
+    """Every address in the stack's Collector configs is a variable whose default is what
+    the compose network needs, so `stack up` can run the same file on 127.0.0.1."""
+    text = (ROOT / "collector-config" / "config.yaml").read_text()
+    assert not re.search(r"(?<![-{])\b(0\.0\.0\.0|tempo|prometheus):\d", re.sub(r"\$\{env:\w+:-[^}]*\}", "", text))
+    for name in ("COLLECTOR_LISTEN_HOST", "OTLP_GRPC_PORT", "OTLP_HTTP_PORT", "COLLECTOR_HEALTH_PORT",
+                 "COLLECTOR_METRICS_PORT", "TEMPO_OTLP_ENDPOINT", "PROMETHEUS_OTLP_ENDPOINT"):
+        assert "${env:" + name + ":-" in text, name
 
 
 def test_stack_collector_exports_to_tempo_and_prometheus():
