@@ -146,10 +146,12 @@ def _run(args: argparse.Namespace) -> int:
         plan = stack_plan.plan(directory)
         if args.action == "up":
             stack_procs.up(plan, args.bin_dir, print)
+            urls = {s.name: s.url for s in plan.services}
             print(
-                f"otel-training: the stack runs from {plan.directory}; OTLP at "
-                f"{next(s.url for s in plan.services if s.name == 'otel-collector')} (HTTP) and on the gRPC port; "
-                f"stop it with: otel-training stack down {directory}"
+                f"otel-training: the stack runs from {plan.directory}\n"
+                f"  train with:  OTEL_EXPORTER_OTLP_ENDPOINT={plan.otlp_endpoint}\n"
+                f"  Prometheus:  {urls['prometheus']}   traces (Jaeger): {urls['tempo']}\n"
+                f"  stop it:     otel-training stack down {directory}"
             )
             return 0
         if args.action == "down":

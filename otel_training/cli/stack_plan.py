@@ -77,6 +77,7 @@ class Plan:
     services: list[Service] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     derived: dict[Path, str] = field(default_factory=dict)  # configs written at up
+    otlp_endpoint: str = ""  # what a training job sets as OTEL_EXPORTER_OTLP_ENDPOINT (gRPC)
 
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -326,6 +327,7 @@ def plan(directory: Path, environ: Mapping[str, str] | None = None) -> Plan:
         "PROMETHEUS_OTLP_ENDPOINT": f"http://{HOST}:{prom_port}/api/v1/otlp",
     }
     health_port = ports("otel-collector", 13133)
+    out.otlp_endpoint = f"http://{reach}:{ports('otel-collector', 4317)}"
     out.services.append(
         Service(
             "otel-collector",

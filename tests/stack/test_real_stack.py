@@ -25,7 +25,7 @@ import pytest
 from otel_training.cli.stack_check import contract_names
 from tests.stack import promql as q
 from tests.stack import real_run
-from tests.stack.realstack import Stack, wait_for
+from tests.stack.realstack import Stack, cli, for_test, wait_for
 from tests.stack.test_alertmanager import Webhook
 
 pytestmark = pytest.mark.slow
@@ -133,9 +133,7 @@ def stack(stack_bin, tmp_path_factory):
     webhook = Webhook()
     directory = tmp_path_factory.mktemp("real-stack") / "s"
     s = Stack(directory, stack_bin)
-    from tests.stack.realstack import cli
     assert cli("stack", "init", str(directory)).returncode == 0
-    from tests.stack.realstack import for_test
     for_test(directory, webhook.url, FIRE_AT_ONCE)
     s.webhook = webhook
     try:

@@ -107,6 +107,7 @@ def test_up_status_down_and_nothing_left_listening(stack_bin, tmp_path):
     try:
         out = stack.up().stdout
         assert "wrote" in out and "grafana: not run without Docker" in out
+        assert f"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{stack.ports['OTLP_GRPC_PORT']}" in out
         report = stack.status()["services"]
         states = {k: v["state"] for k, v in report.items()}
         assert states == {"prometheus": "healthy", "alertmanager": "healthy", "tempo": "healthy",
@@ -133,8 +134,7 @@ def test_a_failed_up_leaves_nothing_running(stack_bin, stack_dir):
     config.write_text(config.read_text().replace("memory_limiter:\n    check_interval: 1s",
                                                  "memory_limiter:\n    check_intervall: 1s", 1))
     stack = Stack(stack_dir, stack_bin)
-    proc = __import__("tests.stack.realstack", fromlist=["cli"]).cli(
-        "stack", "up", str(stack_dir), "--bin-dir", str(stack_bin), env=stack.env)
+    proc = cli("stack", "up", str(stack_dir), "--bin-dir", str(stack_bin), env=stack.env)
     assert proc.returncode == 1
     assert "otel-collector exited at start" in proc.stderr and "check_intervall" in proc.stderr
     time.sleep(0.5)
