@@ -23,6 +23,9 @@
 #    into a temporary folder beside it and renames it into place with a .complete record
 #    inside, so two clones building the same key at once wait for one another and a
 #    half-built key (an interrupted build) is never used: the next build removes it.
+#    A file a key already built holds byte for byte (the same path and RECORD hash: the
+#    nvidia-*-cu12 wheels two releases share, unchanged parts of triton) becomes a hard
+#    link to it, so `du -sh CACHE` counts it once (du on one key alone counts it in full).
 # 3. Links it into VENV: a .pth file in VENV's site-packages puts CACHE/<key> on sys.path
 #    (after site-packages), so `import torch` and pip's resolver both find it; torch loads
 #    the nvidia libraries from CACHE/<key>/nvidia/ by the RPATH its libraries carry
@@ -51,6 +54,8 @@ if [ ! -x "$venv/bin/python" ]; then
   exit 2
 fi
 exec "$venv/bin/python" - "$cache" "$constraints" <<'PY'
+import base64
+import csv
 import fcntl
 import hashlib
 import json
@@ -81,6 +86,53 @@ def pip(*args, **kwargs):
     except subprocess.CalledProcessError as e:
         sys.exit(f"torch-shared: pip {args[0]} failed (exit {e.returncode}; --report needs pip >= 22.2); "
                  "OTEL_TRAINING_SHARED_TORCH=0 leaves torch to the venv's own pip install")
+
+
+def record_hash(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def records(home):
+    """(path, hash) of every file the dist-infos in `home` list with a hash (not the .pyc)."""
+    for record in home.glob("*.dist-info/RECORD"):
+        with open(record, newline="") as f:
+            for row in csv.reader(f):
+                if len(row) >= 2 and row[1] and ".." not in Path(row[0]).parts and not Path(row[0]).is_absolute():
+                    yield row[0], row[1]
+
+
+def link_identical(part):
+    """Each file of `part` that a complete key already holds byte for byte (the same path and
+    hash: the same wheel's file, often across releases) becomes a hard link to that file. The
+    files are never written to again, so the keys stay independent: removing one leaves the
+    other whole. Returns the bytes saved."""
+    theirs = {}
+    for other in cache.glob("torch-*"):
+        if (other / ".complete").is_file():
+            for rel, digest in records(other):
+                theirs.setdefault((rel, digest), other / rel)
+    saved = 0
+    for rel, digest in records(part):
+        other = theirs.get((rel, digest))
+        if other is None:
+            continue
+        mine = part / rel
+        try:
+            a, b = os.lstat(mine), os.lstat(other)
+            if (a.st_size, a.st_mode) != (b.st_size, b.st_mode) or not os.path.isfile(other) \
+                    or os.path.islink(other) or record_hash(other) != digest:
+                continue
+            link = mine.with_name(f".{mine.name}.link-{os.getpid()}")
+            os.link(other, link)
+            os.replace(link, mine)
+            saved += a.st_size
+        except OSError:
+            continue  # another file system, a key being removed: keep the copy
+    return saved
 
 
 def canon(name):
@@ -171,11 +223,13 @@ if not (home / ".complete").is_file():
             found = sorted(f"{canon(d.metadata['Name'])}=={d.version}" for d in distributions(path=[str(part)]))
             if found != packages:
                 sys.exit(f"torch-shared: {part} holds {found}, not {packages}")
+            saved = link_identical(part)
             record = {"packages": packages, "files": answer["files"], "interpreter": interpreter,
                       "built_by": sys.executable, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             (part / ".complete").write_text(json.dumps(record, indent=1) + "\n")
             part.rename(home)
-            say(f"built {key} ({time.monotonic() - t0:.0f} s)")
+            say(f"built {key} ({time.monotonic() - t0:.0f} s; {saved / 1e9:.1f} GB of it hard links"
+                " to the same files in other keys)")
 
 # -- 3. the venv sees it ----------------------------------------------------------------
 paths = sysconfig.get_paths()
