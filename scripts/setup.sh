@@ -10,6 +10,10 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 # torch is pinned through constraints.txt: a CPU build is enough for the demo and tests.
+# It comes from this machine's one shared installation of that release, made on first use
+# (scripts/torch-shared.sh: ~4.6 GB with its CUDA wheels, outside the clone); pip below
+# finds it already satisfied.
+bash scripts/torch-shared.sh .venv constraints.txt
 # numpy: otel-training does not need it, but torch warns at the demo's first tensor without it.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
   -e ".[instruments${extras:+,$extras}]" numpy

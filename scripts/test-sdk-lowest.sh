@@ -8,6 +8,8 @@ python=${PYTHON:-python3}
 if [ ! -x .venv-lowest/bin/python ]; then
   "$python" -m venv .venv-lowest
 fi
+# torch from this machine's shared installation (scripts/torch-shared.sh), not a copy in the venv.
+bash scripts/torch-shared.sh .venv-lowest constraints-lowest.txt
 .venv-lowest/bin/python -m pip install --quiet --disable-pip-version-check -c constraints-lowest.txt \
   torch -e ".[test,distro,integrations]"
 .venv-lowest/bin/python -c "from importlib.metadata import version as v; print('lowest allowed: opentelemetry-sdk', v('opentelemetry-sdk'), '/ opentelemetry-instrumentation', v('opentelemetry-instrumentation'))"

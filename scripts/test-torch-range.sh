@@ -3,8 +3,10 @@
 # the trace file, the summary and report, the integrations) on both ends of the supported
 # torch range: constraints-torch-floor.txt and constraints-torch-newest.txt, each in a
 # virtualenv of its own (.venv-torch-floor, .venv-torch-newest) with torch's default build
-# from the package index (a CUDA build, which runs on the CPU: about 6 GB a venv). A venv
-# that already holds the pinned torch is reused.
+# from the package index (a CUDA build, which runs on the CPU), from this machine's one
+# shared installation of that release (scripts/torch-shared.sh: ~4.6 GB, made on first use,
+# outside the clone; the venv itself holds the rest, under 1 GB). A venv that already holds
+# the pinned torch is reused.
 # `below` (constraints-torch-below.txt, a release under the floor) only builds its venv:
 # tests/test_preflight.py runs a loop there and expects the one "not instrumenting" line.
 # Usage: scripts/test-torch-range.sh [floor|newest|below]... [-- PYTEST ARGS]
@@ -30,6 +32,9 @@ for end in "${ends[@]}"; do
   if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
   fi
+  # The shared torch of this end into the venv (a copy of its own, from a venv made before,
+  # is dropped), so the check below sees the pinned release. PIP_CONSTRAINT: as below.
+  PIP_CONSTRAINT=/dev/null bash scripts/torch-shared.sh "$venv" "$merged"
   have=$("$venv/bin/python" -c "from importlib.metadata import version; print(version('torch'))" 2>/dev/null || true)
   # PIP_CONSTRAINT: a machine-wide pip constraint may cap torch below the newest release.
   if [ "${have%%+*}" != "$want" ] || [ ! -f "$venv/.installed" ] || [ pyproject.toml -nt "$venv/.installed" ]; then
