@@ -1,8 +1,12 @@
 """The package as a user gets it: ``python -m build`` makes the sdist and, from
-it, the wheel; ``twine check`` passes; the wheel, installed with the pinned CPU torch into
+it, the wheel; ``twine check`` passes; the wheel, installed with the pinned torch into
 a fresh virtual environment that does not see this repository, instruments an unmodified
 script under ``opentelemetry-instrument`` (spans and metrics arrive at a loopback OTLP
-receiver), runs the demo with no warning line, and writes and checks the stack. The
+receiver), runs the demo with no warning line, and writes and checks the stack. torch
+and its CUDA wheels come from this machine's shared installation of that release
+(scripts/torch-shared.sh, as in every venv of the test run: pip finds them already
+satisfied and resolves and installs everything else the wheel asks for); with
+OTEL_TRAINING_SHARED_TORCH=0 they are installed into the venv like the rest. The
 README's demo set-up (``scripts/setup.sh`` on a fresh copy of the repository) runs the
 demo with no warning line either."""
 
@@ -41,6 +45,15 @@ def _clean_env(**extra: str) -> dict:
                                   if p and not p.startswith(str(ROOT / ".venv")))
     env.update(extra)
     return env
+
+
+# scripts/torch-shared.sh's settings: where the shared torch lives, or not to use it. Not
+# the package's configuration: kept in the user's environment below.
+SHARED_TORCH_VARS = ("OTEL_TRAINING_CACHE_DIR", "OTEL_TRAINING_SHARED_TORCH")
+
+
+def _shared_torch_env() -> dict:
+    return {k: os.environ[k] for k in SHARED_TORCH_VARS if k in os.environ}
 
 
 def _run(argv, cwd, timeout=900, env=None, check=True) -> subprocess.CompletedProcess:
@@ -160,6 +173,8 @@ def venv(dist, tmp_path_factory):
         env["PIP_CONSTRAINT"] = "/dev/null"  # a machine-wide pip constraint may cap torch lower
     _run([sys.executable, "-m", "venv", home / "venv"], cwd=home)
     bindir = home / "venv" / "bin"
+    _run(["bash", ROOT / "scripts" / "torch-shared.sh", home / "venv", pins], cwd=home,
+         env={**env, **_shared_torch_env()})
     _run([bindir / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
           "-c", pins, f"{dist[0]}[instruments]"], cwd=home, env=env)
     yield bindir
@@ -171,6 +186,18 @@ def test_the_installed_package_is_the_wheel_not_the_repository(venv, tmp_path):
                 cwd=tmp_path)
     location, path = proc.stdout.splitlines()
     assert location.startswith(str(venv.parent / "lib")) and str(ROOT) not in path
+
+
+def test_torch_is_the_shared_installation_not_a_copy(venv, tmp_path):
+    """pip found torch already satisfied (scripts/torch-shared.sh): no copy of its ~4.6 GB in
+    the venv, and its console scripts there."""
+    if os.environ.get("OTEL_TRAINING_SHARED_TORCH", "1").strip().lower() in ("0", "false", "no", "off"):
+        pytest.skip("OTEL_TRAINING_SHARED_TORCH=0: torch is installed into the venv")
+    proc = _run([venv / "python", "-c", "import sysconfig, torch; print(torch.__file__); "
+                 "print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path)
+    torch_file, site = proc.stdout.splitlines()
+    assert not torch_file.startswith(site) and not (Path(site) / "torch").exists(), proc.stdout
+    assert (venv / "torchrun").is_file()
 
 
 @pytest.mark.core
@@ -242,7 +269,7 @@ def test_demo_setup_on_a_fresh_copy_prints_no_warning(tmp_path):
     assert not (clone / ".venv").exists()
     # scripts/demo.sh is these two steps; pip's own notes about this machine's index
     # configuration are not our set-up's, so only the demo's output is held to it.
-    _run(["bash", "scripts/setup.sh"], cwd=clone, timeout=1200)
+    _run(["bash", "scripts/setup.sh"], cwd=clone, env=_clean_env(**_shared_torch_env()), timeout=1200)
     proc = _run([clone / ".venv" / "bin" / "otel-training", "demo"], cwd=clone, timeout=300)
     assert "\nverdict: " in proc.stdout + proc.stderr  # which one depends on the load of the machine
     assert not _warnings(proc.stdout + proc.stderr), proc.stderr

@@ -42,8 +42,14 @@ def _run(bindir: Path, env: dict, *args: str, cwd: Path = ROOT) -> subprocess.Co
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
 
 
+# "otel-training" other than as a folder in a path: torch's own warnings name its files,
+# which live under ~/.cache/otel-training/torch/ (scripts/torch-shared.sh) or a clone
+# named otel-training/.
+OURS = re.compile(r"otel_training|otel-training(?!/)")
+
+
 def _ours(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "otel-training" in line or "otel_training" in line]
+    return [line for line in stderr.splitlines() if OURS.search(line)]
 
 
 def _step_spans(receiver: OTLPReceiver) -> list:
