@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the stack's binaries from upstream Go modules and link them into .tools/bin:
+# Build the stack's binaries from upstream Go modules and link them into .tools/bin (and
+# the cache's bin/, where `otel-training stack up` finds them without --bin-dir):
 #   otelcol     the OpenTelemetry Collector, from scripts/stack/otelcol-builder.yaml
 #               (exactly the components collector-config/*.yaml use), by the Collector Builder
 #   prometheus  Prometheus 3 with its OTLP receiver, and promtool, of the same release
@@ -29,7 +30,7 @@ MANIFEST="$ROOT/scripts/stack/otelcol-builder.yaml"
 
 log() { echo "install-stack: $*" >&2; }
 
-mkdir -p "$BIN" "$CACHE"
+mkdir -p "$BIN" "$CACHE/bin"
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOPATH="$CACHE/go/path"
 export CGO_ENABLED=0 GOFLAGS="-trimpath -modcacherw" GOTOOLCHAIN=local
 built_any=0
@@ -38,9 +39,10 @@ have_go() {
     command -v go >/dev/null 2>&1 || { log "no 'go' on PATH: cannot build $1 (give ${2}=PATH to a release binary instead)"; return 1; }
 }
 
-link() {  # link SOURCE NAME: .tools/bin/NAME -> SOURCE, once SOURCE runs
+link() {  # link SOURCE NAME: .tools/bin/NAME and the cache's bin/NAME -> SOURCE, once SOURCE runs
     "$1" --version >/dev/null 2>&1 || "$1" version >/dev/null 2>&1 || { log "$1 does not run"; return 1; }
     ln -sfn "$1" "$BIN/$2"
+    ln -sfn "$1" "$CACHE/bin/$2"  # where `otel-training stack up` looks after PATH
 }
 
 key() {  # key FILE...: a short hash of files' contents (the manifest is part of the key)

@@ -37,27 +37,33 @@ class StackError(RuntimeError):
     """``up`` or ``down`` could not do what was asked: the message says why."""
 
 
+def built_bin_dir() -> Path:
+    """Where scripts/install-stack.sh links what it built (its cache, outside any clone)."""
+    cache = os.environ.get("OTEL_TRAINING_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "otel-training"
+    )
+    return Path(cache) / "stack" / "bin"
+
+
 def find_binaries(bin_dir: Path | None, names: set[str]) -> dict[str, str]:
-    """Program name -> path, from ``bin_dir`` or else PATH; a missing one is an error."""
+    """Program name -> path, from ``bin_dir``, or else PATH and then what
+    scripts/install-stack.sh built; a missing one is an error."""
     found, missing = {}, []
     bin_dir = bin_dir.resolve() if bin_dir else None  # services start in the stack directory
+    search = str(bin_dir) if bin_dir else os.pathsep.join([os.environ.get("PATH", ""), str(built_bin_dir())])
     for name in sorted(names):
         for candidate in PROGRAMS.get(name, (name,)):
-            path = (
-                (str(bin_dir / candidate) if bin_dir and os.access(bin_dir / candidate, os.X_OK) else None)
-                if bin_dir
-                else shutil.which(candidate)
-            )
+            path = shutil.which(candidate, path=search)
             if path:
-                found[name] = path
+                found[name] = os.path.abspath(path)
                 break
         else:
             missing.append(name)
     if missing:
-        where = f"in {bin_dir}" if bin_dir else "on PATH"
+        where = f"in {bin_dir}" if bin_dir else f"on PATH or in {built_bin_dir()}"
         raise StackError(
-            f"no {', '.join(missing)} {where}: scripts/install-stack.sh builds them into .tools/bin "
-            "(or take release binaries: docs/stack.md, 'Without Docker'); give the folder with --bin-dir"
+            f"no {', '.join(missing)} {where}: scripts/install-stack.sh builds them "
+            "(or take release binaries: docs/stack.md, 'Without Docker'); give their folder with --bin-dir"
         )
     return found
 

@@ -152,3 +152,20 @@ def test_a_taken_port_is_named_and_nothing_starts(stack_bin, stack_dir):
         proc = cli("stack", "up", str(stack_dir), "--bin-dir", str(stack_bin), env=stack.env)
     assert proc.returncode == 1 and f"port {stack.ports['ALERTMANAGER_PORT']}" in proc.stderr
     assert not [v for k, v in stack.ports.items() if k != "ALERTMANAGER_PORT" and _listening(v)]
+
+
+def test_up_finds_what_install_stack_built_without_bin_dir(stack_bin, tmp_path, monkeypatch):
+    """PATH first, then the cache's bin/ that scripts/install-stack.sh links into."""
+    from otel_training.cli import stack_procs
+
+    built = tmp_path / "cache" / "stack" / "bin"
+    built.mkdir(parents=True)
+    for name in ("otelcol", "prometheus", "alertmanager", "jaeger"):
+        (built / name).symlink_to(stack_bin / name)
+    monkeypatch.setenv("OTEL_TRAINING_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    found = stack_procs.find_binaries(None, {"otelcol", "prometheus", "alertmanager", "jaeger"})
+    assert found == {name: str(built / name) for name in found} and len(found) == 4
+    monkeypatch.setenv("OTEL_TRAINING_CACHE_DIR", str(tmp_path / "elsewhere"))
+    with pytest.raises(stack_procs.StackError, match="no alertmanager, jaeger, otelcol, prometheus on PATH or in"):
+        stack_procs.find_binaries(None, {"otelcol", "prometheus", "alertmanager", "jaeger"})
