@@ -234,12 +234,7 @@ if not (home / ".complete").is_file():
 # -- 3. the venv sees it ----------------------------------------------------------------
 paths = sysconfig.get_paths()
 site, scripts = Path(paths["purelib"]), Path(paths["scripts"])
-names = {p.split("==", 1)[0] for p in packages}
-own = sorted({canon(d.metadata["Name"]) for d in distributions(path=[str(site)])} & names)
-if own:
-    say(f"removing the venv's own copies: {' '.join(own)}")
-    pip("uninstall", "--quiet", "--yes", *own)
-# A plain path line; an addsitedir line would also read .pth files inside, and the set has none.
+# A plain path line, or, should the set ship .pth files of its own, one that reads them too.
 if any(home.glob("*.pth")):
     line = f"import site; site.addsitedir({str(home)!r})\n"
 else:
@@ -247,6 +242,14 @@ else:
 part = site / f".{PTH}.{os.getpid()}"
 part.write_text(line)
 part.rename(site / PTH)
+# The venv's own copies go after the link is in place, torch first: from then on a process
+# that starts finds the shared torch, which loads the nvidia libraries beside it.
+names = {p.split("==", 1)[0] for p in packages}
+local = {canon(d.metadata["Name"]) for d in distributions(path=[str(site)])}
+own = sorted(local & names, key=lambda n: (n != "torch", n))
+if own:
+    say(f"removing the venv's own copies: {' '.join(own)}")
+    pip("uninstall", "--quiet", "--yes", *own)
 for dist in distributions(path=[str(home)]):
     for ep in dist.entry_points:
         if ep.group != "console_scripts":
