@@ -63,7 +63,8 @@ OTEL_TRAINING_SUMMARY_FILE = "OTEL_TRAINING_SUMMARY_FILE"
 
 A path: the run-end summary is also written there as JSON (read by
 ``otel-training report --summary``). Unset by default. ``{rank}`` and ``{pid}`` in the
-path are replaced, so ranks do not overwrite each other.
+path are replaced, so ranks do not overwrite each other (``{rank}`` by the rank once
+known, docs/distributed.md; ``unknown-<pid>`` in a process that never learned it).
 """
 
 OTEL_TRAINING_TRACE_FILE = "OTEL_TRAINING_TRACE_FILE"

@@ -6,6 +6,13 @@ import os
 import tempfile
 
 
+def expand(template: str, rank: int | None) -> str:
+    """``{rank}`` and ``{pid}`` in a file name; a rank not known is ``unknown-<pid>``,
+    never a 0 another process may write too."""
+    pid = str(os.getpid())
+    return template.replace("{rank}", f"unknown-{pid}" if rank is None else str(rank)).replace("{pid}", pid)
+
+
 def check_writable(path: str) -> None:
     """Raise ``OSError`` now, not after the run, if ``path`` cannot be written; a
     missing folder is created."""

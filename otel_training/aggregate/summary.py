@@ -31,7 +31,7 @@ from otel_training.aggregate.step_record import (
     StepRecord,
     bounds,
 )
-from otel_training.files import check_writable
+from otel_training.files import check_writable, expand
 from otel_training.record.flops import SOURCE_MEASURED
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ def _flops_dict(m: _ModeStats, c: FlopCount) -> dict:
 
 def write(summary: dict, path: str) -> str:
     """Write the summary as JSON; ``{rank}`` and ``{pid}`` in the path are expanded."""
-    path = path.replace("{rank}", str(summary.get("rank", 0))).replace("{pid}", str(os.getpid()))
+    path = expand(path, summary.get("rank", 0))
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -286,13 +286,13 @@ class SummaryFile:
     """``OTEL_TRAINING_SUMMARY_FILE``: checked at start (one line if it cannot be
     written, and none at the end), written at exit."""
 
-    def __init__(self, template: str | None, rank: int) -> None:
+    def __init__(self, template: str | None, rank: int | None) -> None:
         self.template = template or ""
         self.rank = rank
         self.ok = True
 
     def path(self) -> str:
-        return self.template.replace("{rank}", str(self.rank)).replace("{pid}", str(os.getpid()))
+        return expand(self.template, self.rank)
 
     def check(self) -> None:
         """Find out now, not after the run, that the file cannot be written. A

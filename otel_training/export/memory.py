@@ -33,6 +33,11 @@ class MemoryMetrics:
         self._attrs: dict[str | None, dict] = {}
         latest(meter, "memory", lambda slot: _create(meter, slot)).source = self
 
+    def rebind(self, common: dict) -> None:
+        """Report under ``common`` (the rank, once known) from now on."""
+        self._common = dict(common)
+        self._attrs = {}
+
     def _for(self, device: str | None) -> dict:
         attrs = self._attrs.get(device)
         if attrs is None:

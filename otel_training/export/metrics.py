@@ -80,6 +80,17 @@ class StepMetrics:
         self._offset = offset  # perf_counter ns -> epoch ns (exemplar times)
         self._queues = LayoutQueues(self, self.bank) if self.bank is not None else None
 
+    def rebind(self, common: dict) -> None:
+        """Record under ``common`` (the rank, once known) from now on: the cached
+        attribute sets are made again, in new dicts (the pipeline thread may hold the old)."""
+        self._common = dict(common)
+        self._mode_attrs = {}
+        self._phase_attrs = {}
+        self._step_series = {}
+        self._idle_attrs = {}
+        if self.bank is not None:
+            self._queues = LayoutQueues(self, self.bank)
+
     def add(self, records: Sequence[StepRecord], contexts: dict[int, Context]) -> None:
         """A batch of finished steps; ``contexts``: per traced record (``id``), the
         context holding its step span (exemplars)."""

@@ -103,6 +103,12 @@ class StepSpans:
         self._offset = offset  # perf_counter ns -> epoch ns
         _private_ids(tracer)
 
+    def rebind(self, attributes: dict[str, Any]) -> None:
+        """Put ``attributes`` (the rank, once known) on the spans from now on."""
+        attrs = dict(attributes)
+        self._inherited = {k: attrs[k] for k in _INHERITED if k in attrs}
+        self._attrs = attrs
+
     def add(self, records: Sequence[StepRecord]) -> dict[int, Context]:
         """Emit the traced records' spans; per traced record (by ``id``), the context
         holding its root span (for exemplars)."""

@@ -47,12 +47,19 @@ class ThroughputMetrics:
         self._peak: float | None = None
         self._mfu: float | None = None  # the last value: repeated while no step finishes
         self._seen = False  # a step with the FLOP count came (the first is left out of MFU)
+        self.memory: Any = None  # the memory instruments made with it (perf_metrics), rebound with it
         slot = latest(meter, "throughput", lambda slot: _create(meter, slot))
         previous = slot.source
         if previous is not None:  # an uninstrument, then instrument again: counters never go back
             with previous._lock:
                 self._tokens, self._flops = dict(previous._tokens), dict(previous._flops)
         slot.source = self
+
+    def rebind(self, common: dict) -> None:
+        """Report under ``common`` (the rank, once known) from now on."""
+        self._attrs = {mode: {**common, sc.ATTR_MODE: mode} for mode in (sc.MODE_TRAIN, sc.MODE_EVAL)}
+        if self.memory is not None:
+            self.memory.rebind(common)
 
     def add(self, records: Sequence[StepRecord]) -> None:
         for mode, group in groupby(records, _MODE):
@@ -130,6 +137,7 @@ def perf_metrics(meter: Any, common: dict, trend: MemoryTrend, memory: bool) -> 
     """The throughput consumer, and (``memory``) the memory instruments reading ``trend``."""
     from otel_training.export.memory import MemoryMetrics
 
+    throughput = ThroughputMetrics(meter, common)
     if memory:
-        MemoryMetrics(meter, common, trend)
-    return [ThroughputMetrics(meter, common)]
+        throughput.memory = MemoryMetrics(meter, common, trend)
+    return [throughput]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_training import semconv as sc
 from otel_training.export.spans import step_attributes
-from otel_training.files import check_writable
+from otel_training.files import check_writable, expand
 
 if TYPE_CHECKING:
     from otel_training.aggregate.between import BetweenRecord
@@ -75,8 +75,7 @@ class TraceFile:
         self._lock = threading.Lock()
 
     def path(self) -> str:
-        rank = self.info.get("rank")
-        return self.template.replace("{rank}", str(rank or 0)).replace("{pid}", str(os.getpid()))
+        return expand(self.template, self.info.get("rank", 0))
 
     # -- pipeline thread ------------------------------------------------------------
     def add(self, records: Sequence[StepRecord]) -> None:

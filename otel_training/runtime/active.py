@@ -20,7 +20,7 @@ from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary, SummaryFile
 from otel_training.config import Config
 from otel_training.export.guard import ExportGuard
-from otel_training.export.identity import process_info, run_id
+from otel_training.export.identity import ProcessInfo, process_info, run_id
 from otel_training.export.metrics import StepMetrics
 from otel_training.export.sdk import export_interval_s
 from otel_training.export.selftelemetry import SelfTelemetry
@@ -34,6 +34,7 @@ from otel_training.runtime.goodput import Goodput
 from otel_training.runtime.measures import StepMeasures
 from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
 from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
+from otel_training.runtime.rank import RankWatch, say_missing
 from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
@@ -65,7 +66,9 @@ class Runtime(ProcessEvents):
 
         self.config = config
         self.telemetry = SelfTelemetry()
-        self.info = process_info()
+        self.role = multiprocessing_role()
+        self._spawned = self.role == ROLE_SPAWN  # the launcher's variables it inherited name its parent
+        self.info = process_info(spawned=self._spawned)  # replaced once the rank is known (rank.py)
         self.timer = make_timer(config.gpu_timing)
         tracer = tracer_provider.get_tracer(sc.SCOPE, __version__)
         meter = meter_provider.get_meter(sc.SCOPE, __version__)
@@ -85,18 +88,21 @@ class Runtime(ProcessEvents):
         offset = time.time_ns() - time.perf_counter_ns()  # perf_counter ns -> epoch ns, fixed once
         self.trace_file = self._trace_file(config, summary_info, offset)
         self.measures = StepMeasures(config, meter, common, self.on_error)  # throughput, FLOPs, memory
-        attempts = attempt_file(config.attempts_dir, run_id(), self.info.rank, os.environ)
+        rank = self.info.rank  # no attempt file without a rank to name it
+        attempts = None if rank is None else attempt_file(config.attempts_dir, run_id(), rank, os.environ)
         self.goodput = Goodput(self.on_error, attempts)  # the process's wall time by activity (goodput.py)
+        self._spans = StepSpans(tracer, common, offset)
+        self._metrics = StepMetrics(
+            meter,
+            common,
+            meter_provider,
+            __version__,
+            lambda exc: self.telemetry.internal_error("metrics", exc),
+            offset,
+        )
         self.pipeline = Pipeline(
-            spans=StepSpans(tracer, common, offset),
-            metrics=StepMetrics(
-                meter,
-                common,
-                meter_provider,
-                __version__,
-                lambda exc: self.telemetry.internal_error("metrics", exc),
-                offset,
-            ),
+            spans=self._spans,
+            metrics=self._metrics,
             capture=TailCapture(config.trace_slow_factor, config.trace_every_n, config.trace_max_per_second),
             summary=RunSummary(summary_info, self.timer.mode),
             timer=self.timer,
@@ -117,7 +123,6 @@ class Runtime(ProcessEvents):
         self.hardware: Any = None  # HardwareMetrics, when sampling
         self.guard: ExportGuard | None = None
         self.active = False
-        self.role = multiprocessing_role()
         if self.role == ROLE_SPAWN and processes.released():
             # Set up by the distro once the process object arrived: no DataLoader worker.
             self.role = None
@@ -187,8 +192,46 @@ class Runtime(ProcessEvents):
         handles.on_remove(lambda: atexit.unregister(self.shutdown), "atexit")
         hook_main_thread_end(_main_thread_ended)
         self._install_process_handlers()
+        watch = RankWatch(self._use_identity, self.on_error, spawned=self._spawned)
+        arm = self.module_hooks.arm
+
+        def on_loop() -> None:
+            # Until the first step is handed on, a loop start also looks for a group
+            # made through a path not wrapped; then the plain callback again.
+            if tracker.assembler.steps or watch.settled:
+                tracker.on_loop = arm
+            else:
+                watch.check()
+            arm()
+
+        tracker.on_loop = on_loop
+        watch.install(handles)
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
+            say_missing(self.info)
             self._check_files()
+
+    def _use_identity(self, info: ProcessInfo) -> None:
+        """Export under ``info`` (the process group's rank) from now on; the summary and
+        the files it names take it too."""
+        same = info.metric_attributes() == self.info.metric_attributes() and info.rank == self.info.rank
+        self.info = info
+        if same:  # (the launcher's variables were right)
+            return
+        self._common = common = info.metric_attributes()
+        self._spans.rebind(common)
+        self._metrics.rebind(common)
+        self.measures.rebind(common)
+        self.goodput.rebind(self._meter, common)
+        self.telemetry.register(self._meter, common)
+        from otel_training.export import progress
+
+        progress.register(self._meter, self.tracker, common, self.on_error)
+        ranks = {"rank": info.rank, "world_size": info.world_size}
+        self.pipeline.summary.info.update(ranks)
+        if self.trace_file is not None:
+            self.trace_file.info.update(ranks)
+        self.summary_file.rank = info.rank
+        say_missing(info)
 
     def _check_files(self) -> None:
         self.summary_file.check()

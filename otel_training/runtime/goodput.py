@@ -109,6 +109,15 @@ class Goodput:
         except Exception as exc:
             self._on_error("metrics", exc)
 
+    def rebind(self, meter: Any, attributes: dict) -> None:
+        """Report the job instruments under ``attributes`` (the rank, once known)."""
+        try:
+            from otel_training.export import job
+
+            job.register(meter, self.clock, attributes, self._on_error)
+        except Exception as exc:
+            self._on_error("metrics", exc)
+
     # -- a restarted run --------------------------------------------------------------------
     def _restarted(self) -> None:
         """Read the earlier attempts (the restart before this one counts from the last's

@@ -39,6 +39,13 @@ class StepMeasures:
         except Exception as exc:  # the instruments are optional: the trend and summary stay
             on_error("metrics", exc)
 
+    def rebind(self, common: dict) -> None:
+        """Report under ``common`` (the rank, once known) from now on."""
+        for consumer in self.consumers:
+            rebind = getattr(consumer, "rebind", None)
+            if rebind is not None:
+                rebind(common)
+
     def attach(self, assembler: Any, submit: Callable, tracker: Any, module_hooks: Callable[[], Any]) -> None:
         """Put the FLOP probe between ``assembler`` and ``submit``; give ``tracker`` its
         memory reader. ``module_hooks()``: the RootModuleHooks, once installed (they know
