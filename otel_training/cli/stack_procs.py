@@ -69,12 +69,14 @@ def find_binaries(bin_dir: Path | None, names: set[str]) -> dict[str, str]:
 
 
 def _start_time(pid: int) -> str | None:
-    """The process' start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    """The process' start time in clock ticks since boot (``/proc/PID/stat`` field 22);
+    None when it is gone or has exited (a zombie that nobody has reaped yet: a service
+    outlives `stack up`, so its parent is whatever adopted it)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 @dataclass(frozen=True)
