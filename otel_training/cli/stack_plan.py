@@ -195,6 +195,24 @@ def _rewrite_targets(node: Any, ports: _Ports, scrape: bool) -> Any:
     return node
 
 
+def _listening_on(
+    port: int, name: str, args: list[str], svc: dict[str, Any], ports: _Ports, after: tuple[str, ...]
+) -> Service:
+    """A service whose binary takes ``--web.listen-address`` (Prometheus, Alertmanager)."""
+    health, wait = _health(svc, ports, name)
+    return Service(
+        name,
+        name,
+        (*args, f"--web.listen-address={HOST}:{port}"),
+        {},
+        f"http://{HOST}:{port}",
+        health,
+        wait,
+        ports.of(name),
+        after,
+    )
+
+
 def _load(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -243,20 +261,7 @@ def plan(directory: Path, environ: Mapping[str, str] | None = None) -> Plan:
     ]
     out.derived[user_assets / "runbooks.md"] = (directory / "docs" / "runbooks.md").read_text(encoding="utf-8")
     prom_port = ports("prometheus", 9090)
-    health, wait = _health(prom_svc, ports, "prometheus")
-    out.services.append(
-        Service(
-            "prometheus",
-            "prometheus",
-            (*prom_args, f"--web.listen-address={HOST}:{prom_port}"),
-            {},
-            f"http://{HOST}:{prom_port}",
-            health,
-            wait,
-            ports.of("prometheus"),
-            after("prometheus"),
-        )
-    )
+    out.services.append(_listening_on(prom_port, "prometheus", prom_args, prom_svc, ports, after("prometheus")))
 
     # Alertmanager: its config with the webhook host of the compose network replaced.
     am_svc = services["alertmanager"]
@@ -268,20 +273,7 @@ def plan(directory: Path, environ: Mapping[str, str] | None = None) -> Plan:
         f"--config.file={derived_am}" if a.startswith("--config.file=") else a
         for a in _command(directory, "alertmanager", am_svc, env)
     ]
-    health, wait = _health(am_svc, ports, "alertmanager")
-    out.services.append(
-        Service(
-            "alertmanager",
-            "alertmanager",
-            (*am_args, f"--web.listen-address={HOST}:{am_port}"),
-            {},
-            f"http://{HOST}:{am_port}",
-            health,
-            wait,
-            ports.of("alertmanager"),
-            after("alertmanager"),
-        )
-    )
+    out.services.append(_listening_on(am_port, "alertmanager", am_args, am_svc, ports, after("alertmanager")))
 
     # Tempo's place: Jaeger v2, receiving OTLP where the Collector sends traces.
     tempo_port = ports("tempo", 3200)
