@@ -146,6 +146,50 @@ def test_lightning_module_hooks_and_loop_boundaries(instrumented):
     assert steps[-1].duration < 0.1  # the 150 ms epoch-end work is not in it
 
 
+
+def test_a_callbacks_model_work_after_the_epoch_is_an_eval_step(instrumented):
+    """A bolts-style image sampler: on_train_epoch_end, one no_grad batch of the
+    callback's own loader through the model, then the grid written (50 ms). By the step
+    definition an eval step: the wait its ``dataloader_next``, the write in it; the
+    training steps keep their shape. A callback reading its loader with no model work
+    makes no step."""
+
+    class Sampler(L.Callback):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            x, _ = next(iter(self.loader))
+            pl_module.eval()
+            with torch.no_grad():
+                pl_module(x)
+            pl_module.train()
+            time.sleep(0.05)  # the image grid written out
+
+    class Peek(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            # a look at the data, no model work (from the second epoch: before Lightning's
+            # first fetch no framework drives steps yet)
+            if trainer.current_epoch:
+                next(iter(_loader(8)))
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            next(iter(_loader(8)))
+
+    tel = instrumented(integrations=("lightning",))
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        callbacks=[Peek(), Sampler(_loader(8))])
+    trainer.fit(TinyModule(), _loader(24))
+    steps = tel.steps()
+    assert [s.mode for s in steps] == (["train"] * 3 + ["eval"]) * 2
+    for s in steps:
+        assert len(s.named("forward")) == 1 and len(s.named("dataloader_next")) == 1, (s.mode, s.top_level())
+    for s in steps[3::4]:
+        assert s.top_level()[0] == "dataloader_next" and s.duration >= 0.05, s.top_level()
+    for s in steps[:3] + steps[4:7]:
+        assert s.duration < 0.05
+
 def test_lightning_gradient_accumulation_is_one_step_per_update(instrumented):
     """``accumulate_grad_batches=2``: Lightning runs the first batch's closure
     directly and the second inside ``optimizer.step(closure)``; the step is the

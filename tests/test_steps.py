@@ -663,6 +663,50 @@ def test_a_generator_wrapped_loader_ends_its_loop_where_the_generator_does(instr
     assert coverage["gaps"] >= seen and seen * 0.03 <= coverage["outside_s"] < 3 * 0.03 + 0.02
 
 
+class _Task(nn.Module):
+    """timm's ``ClassificationTask``: the model and the criterion in one module."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.trainable_module = model
+        self.criterion = nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        return self.criterion(self.trainable_module(x), y)
+
+
+@pytest.mark.parametrize("wrapped", ["train", "eval"])
+def test_training_through_a_wrapper_and_evaluation_through_the_wrapped_model(instrumented, wrapped):
+    """timm's train.py: training calls the task wrapping the model, validate() the model
+    itself, a submodule of training's root (``wrapped="train"``); and the converse. Both
+    over a loader one batch ahead: one step per batch, each with its forward and wait."""
+    tel = instrumented()
+    model = make_model()
+    task = _Task(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = _Prefetcher(DataLoader(make_dataset(32), batch_size=4))
+    val = _Prefetcher(DataLoader(make_dataset(20), batch_size=4))
+    for _epoch in range(2):
+        model.train()
+        for x, y in train:
+            loss = task(x, y) if wrapped == "train" else nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+        model.eval()
+        with torch.inference_mode():
+            for x, y in val:
+                out = nn.functional.cross_entropy(model(x), y) if wrapped == "train" else task(x, y)
+                out.item()
+    tel.uninstrument()
+    assert _modes(tel) == (["train"] * 8 + ["eval"] * 5) * 2
+    for s in tel.steps():
+        assert len(s.named("forward")) == 1, (s.mode, s.top_level())
+    # each batch's wait is in a step of its loop: the first step holds two (one ahead)
+    assert sum(len(s.named("dataloader_next")) for s in tel.steps() if s.mode == "eval") >= 10
+
+
 def test_accelerate_loops_are_watched_in_every_instrumentation(instrumented):
     """accelerate's DataLoaderShard (one batch ahead) is watched from its first loop, in a
     second instrumentation after an uninstrument too; uninstrument gives its own

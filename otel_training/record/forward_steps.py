@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from otel_training import semconv as sc
 from otel_training.config import BOUNDARY_FORWARD
 from otel_training.record.batches import read_inputs
-from otel_training.record.events import DRIVER_DATALOADER, DRIVER_NONE
+from otel_training.record.events import DRIVER_DATALOADER, DRIVER_MANUAL, DRIVER_NONE
 from otel_training.record.phase_stack import BATCH, PhaseStack, grad_enabled
 from otel_training.record.step_assembly import StepAssembler
 from otel_training.record.timeline import PhaseRecord, StepTimeline
@@ -48,7 +48,10 @@ class ForwardSteps:
         self._step_root: Any = None  # the first root module called in the step
         self._forward_root: Any = None  # the root that opened the last forward phase
         self._last_root: Any = None  # the last root called (a continuation's too)
-        self.unstepped = 0  # forwards with no step open under a manual or framework driver
+        self.unstepped = 0  # forwards with no step open under a manual driver
+        # the piece a framework's callback began outside the framework's steps (identity
+        # only: the framework's next boundary ends it; a closed piece is never open again)
+        self.outside: StepTimeline | None = None
 
     def reset(self) -> None:
         """A new piece begins: no root has run in it."""
@@ -66,8 +69,8 @@ class ForwardSteps:
             # No piece open: a loop without a DataLoader (or code after a DataLoader
             # loop ended) -- pieces are cut at forwards. Inside a manual step() loop,
             # time outside step() belongs to no step.
-            if driver != DRIVER_NONE and driver != DRIVER_DATALOADER:
-                self.unstepped += 1  # model work the driver's steps leave out
+            if driver == DRIVER_MANUAL:
+                self.unstepped += 1  # model work the user's steps leave out
                 return
             fresh = True
         elif step.saw_forward or step.saw_backward or step.saw_optimizer:
@@ -96,7 +99,10 @@ class ForwardSteps:
         else:
             fresh = False
         if fresh:  # a piece cut here begins with this forward
-            host.start_step(DRIVER_NONE)
+            if driver == DRIVER_NONE or driver == DRIVER_DATALOADER:
+                host.start_step(DRIVER_NONE)
+            else:
+                self.open_outside()
             step = phases.step
             phases.batch = phases.open(BATCH, True, 0)
             phases.open(_FORWARD, True, 0)
@@ -115,6 +121,14 @@ class ForwardSteps:
         step.saw_forward = True
         if not step.train_forward and self.grad_enabled() and getattr(root, "training", True):
             step.train_forward = True
+
+    def open_outside(self) -> None:
+        """A framework drives steps and none is open, yet its callback runs the model or
+        reads a loader (an image sampler after the epoch: one no_grad batch of its own
+        loader): a piece of its own, the framework's, ended by its next boundary."""
+        host = self._host
+        host.start_step(host.driver)
+        self.outside = self._phases.step
 
     def inputs(self, root: Any, args: tuple, kwargs: dict | None) -> None:
         """Samples and tokens of each forward of the step's first root when no DataLoader

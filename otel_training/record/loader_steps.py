@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from otel_training import semconv as sc
 from otel_training.record.batches import read_batch
-from otel_training.record.events import DRIVER_DATALOADER, DRIVER_NONE
+from otel_training.record.events import DRIVER_DATALOADER, DRIVER_MANUAL, DRIVER_NONE
 from otel_training.record.phase_stack import PhaseStack
 from otel_training.record.timeline import StepTimeline, has_work
 
@@ -51,6 +51,7 @@ class LoaderSteps:
         self._fetched: StepTimeline | None = None  # the piece of the last batch a loader handed out
         self._source_id = 0  # id() of the iterator that began the last piece, and
         self._source: Callable[[], Any] = _gone  # a weak reference to it
+        self.forwards: Any = None  # the tracker's ForwardSteps: it opens pieces outside a framework's steps
 
     def iter_begin(self, kind: str) -> tuple:
         """A loader's iterator is made: a new loop ends the open step (unless a manual
@@ -82,9 +83,19 @@ class LoaderSteps:
     def next_begin(self, iterator: Any, started_at: tuple | None) -> bool:
         """A loader iterator's ``__next__`` was entered; True if recording."""
         host, phases = self._host, self._phases
-        if host.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
-            return phases.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         step = phases.step
+        if host.driver not in (DRIVER_NONE, DRIVER_DATALOADER):
+            forwards = self.forwards
+            if (
+                host.driver != DRIVER_MANUAL
+                and forwards is not None
+                and (step is None or (step is forwards.outside and has_work(step)))
+            ):
+                # A framework's callback reading a loader of its own outside the
+                # framework's steps: the batch's wait begins the eval step that uses
+                # it (the next batch of such a loop, the next one).
+                forwards.open_outside()
+            return phases.begin_phase(sc.PHASE_DATALOADER_NEXT, auto=True)
         # A new batch: the same loader again, or another loader once the piece holds
         # work other than a training forward still waiting for its backward. Otherwise
         # another wait of the same step: zip(loader_a, loader_b), or a second loader

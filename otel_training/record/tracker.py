@@ -41,8 +41,7 @@ _NOBODY = -1  # a thread ident no thread has: every hook is ignored
 
 
 class Tracker:
-    """Turns hook events on the training thread into step timelines
-    (implements ``TrainingEvents``)."""
+    """Turns hook events on the training thread into step timelines (implements ``TrainingEvents``)."""
 
     def __init__(self, assembler: StepAssembler, timer: DeviceTimer, clock: Callable[[], int] = time.perf_counter_ns):
         self.assembler = assembler
@@ -55,7 +54,7 @@ class Tracker:
         self.thread: int | None = None  # the training thread's ident
         self.facts = RunFacts()  # what the run already does (loader settings, autocast ...)
         self._loader_steps = LoaderSteps(self)
-        self._forward_steps = ForwardSteps(self, assembler)
+        self._forward_steps = self._loader_steps.forwards = ForwardSteps(self, assembler)
         self.grad_enabled = self._forward_steps.grad_enabled  # torch's, read once
         # A loop that repeats one piece: DataLoader pieces opened before its mode learns it.
         self.repeats = Repeats(self)
@@ -197,14 +196,15 @@ class Tracker:
         self._settle()
         step = self.phases.step
         if (
-            driver == DRIVER_MANUAL
-            and step is not None
-            and not step.manual
-            and self.driver == DRIVER_DATALOADER
+            step is not None
+            and (
+                (driver == DRIVER_MANUAL and not step.manual and self.driver == DRIVER_DATALOADER)
+                or step is self._forward_steps.outside
+            )
             and not has_work(step)
         ):
-            # ``for batch in loader: with step():`` -- the user's step is the block;
-            # the wait that opened a piece before it lies outside (coverage counts it).
+            # ``for batch in loader: with step():`` -- the user's step is the block; the wait before
+            # it lies outside (coverage counts it), as a framework callback's read no model work used.
             self.discard_step()
         self.driver = driver
         self.thread = threading.get_ident()
