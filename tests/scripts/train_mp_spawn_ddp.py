@@ -6,6 +6,8 @@ Each rank prints ``RANK_OF <pid> <rank> <world size>``: the truth to compare wit
 
 import argparse
 import os
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,8 @@ WORLD = 2
 
 
 def rank_main(index: int, steps: int) -> None:
-    dist.init_process_group("gloo", rank=index, world_size=WORLD)
+    # A peer that died fails the other fast instead of gloo's 30-minute wait.
+    dist.init_process_group("gloo", rank=index, world_size=WORLD, timeout=timedelta(seconds=60))
     torch.manual_seed(index)
     model = DistributedDataParallel(torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -29,6 +32,11 @@ def rank_main(index: int, steps: int) -> None:
         opt.step()
     # One write of the whole line: the ranks share stdout, and print() writes the newline apart.
     os.write(1, f"RANK_OF {os.getpid()} {dist.get_rank()} {dist.get_world_size()}\n".encode())
+    dist.barrier()
+    # As in train_ddp_planted.py: let gloo's thread drop the last work (it needs the GIL)
+    # before the process group goes; ProcessGroupGloo's destructor joins that thread with
+    # the GIL held, and a work holding a Python object then deadlocks the exit.
+    time.sleep(0.5)
     dist.destroy_process_group()
 
 
