@@ -9,6 +9,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from otel_training.aggregate.run_model import CheckFinding, NamedTime
+from otel_training.aggregate.run_model import Coverage as CoverageSection
 from otel_training.semconv import MODE_TRAIN
 
 if TYPE_CHECKING:
@@ -152,37 +154,46 @@ class Coverage:
             self.max_microbatches, self.max_microbatches_index = micro, index
 
     def to_dict(self, started_ns: int | None = None) -> dict:
+        """The summary's ``coverage`` as the file's dict."""
+        return self.section(started_ns).to_dict()
+
+    def section(self, started_ns: int | None = None) -> CoverageSection:
         """The summary's ``coverage``; ``started_ns``: when instrumentation began."""
         with self._lock:
-            return self._to_dict(started_ns)
+            return self._section(started_ns)
 
-    def _to_dict(self, started_ns: int | None) -> dict:
+    def _section(self, started_ns: int | None) -> CoverageSection:
         loop = (self.last_end - self.first_start) if self.first_start is not None else 0
         inside = loop - self.outside - self.named_ns
         accounted = loop - self.outside
         empty = 1.0 if self.first_start is not None else 0.0
-        out = {
-            "loop_s": loop / 1e9,
-            "in_steps_s": inside / 1e9,
-            "share": inside / loop if loop > 0 else empty,
-            # named time between steps (the user's phase() with no step open) is accounted for
-            "named_s": self.named_ns / 1e9,
-            "accounted_share": accounted / loop if loop > 0 else empty,
-            "named": [
-                {"name": name, "count": count, "total_s": ns / 1e9}
-                for name, (count, ns) in sorted(self.named.items(), key=lambda kv: -kv[1][1])
-            ],
-            "outside_s": self.outside / 1e9,
-            "gaps": self.gaps,
-            "largest_gap_s": self.largest_gap / 1e9,
-            # the train step the largest gap followed (None: before the first train step)
-            "largest_gap_after_step": self.largest_gap_after if (self.largest_gap_after or 0) >= 0 else None,
-        }
+        before = None
         if started_ns is not None and self.first_start is not None:
-            out["before_first_step_s"] = max(0, self.first_start - started_ns) / 1e9
-        return out
+            before = max(0, self.first_start - started_ns) / 1e9
+        return CoverageSection(
+            loop_s=loop / 1e9,
+            in_steps_s=inside / 1e9,
+            share=inside / loop if loop > 0 else empty,
+            # named time between steps (the user's phase() with no step open) is accounted for
+            named_s=self.named_ns / 1e9,
+            accounted_share=accounted / loop if loop > 0 else empty,
+            named=tuple(
+                NamedTime(name=name, count=count, total_s=ns / 1e9)
+                for name, (count, ns) in sorted(self.named.items(), key=lambda kv: -kv[1][1])
+            ),
+            outside_s=self.outside / 1e9,
+            gaps=self.gaps,
+            largest_gap_s=self.largest_gap / 1e9,
+            # the train step the largest gap followed (None: before the first train step)
+            largest_gap_after_step=self.largest_gap_after if (self.largest_gap_after or 0) >= 0 else None,
+            before_first_step_s=before,
+        )
 
     def self_check(self, accounted_ns: int = 0, unstepped: int | None = None) -> list[dict]:
+        """The findings (below) as the file's dicts."""
+        return [f.to_dict() for f in self.check(accounted_ns, unstepped)]
+
+    def check(self, accounted_ns: int = 0, unstepped: int | None = None) -> tuple[CheckFinding, ...]:
         """Findings that the step detection is in doubt, each with its cause and fix.
 
         With the job's accounting (aggregate/job.py): ``accounted_ns``, checkpoint and
@@ -191,7 +202,7 @@ class Coverage:
         is the job's ``other`` activity, with a finding of its own: the check speaks of
         low coverage only where model work ran outside steps."""
         with self._lock:
-            return self._self_check(accounted_ns, unstepped)
+            return tuple(CheckFinding(**f) for f in self._self_check(accounted_ns, unstepped))
 
     def _self_check(self, accounted_ns: int = 0, unstepped: int | None = None) -> list[dict]:
         steps = self.steps

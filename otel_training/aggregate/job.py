@@ -31,6 +31,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.aggregate.ideal_step import slow_steps
+from otel_training.aggregate.run_sections import Checkpoint, CheckpointCall, Compile, Job, Recompiled
 from otel_training.record.activities import CHECKPOINT, COMPILE, LOAD, RECOMPILE, SAVE, UNKNOWN, ActivityLog
 
 STARTUP, TRAIN, EVAL, OTHER, SHUTDOWN = "startup", sc.MODE_TRAIN, sc.MODE_EVAL, "other", "shutdown"
@@ -203,6 +204,11 @@ class JobClock:
             return self._first is not None
 
     def to_dict(self, train_durations: Sequence[float] = (), train_steps: int = 0) -> dict | None:
+        """The summary's ``job`` section as the file's dict (None before the first step)."""
+        job = self.section(train_durations, train_steps)
+        return None if job is None else job.to_dict()
+
+    def section(self, train_durations: Sequence[float] = (), train_steps: int = 0) -> Job | None:
         """The summary's ``job`` section (None before the first step);
         ``train_durations``: the train step times (s) for the ideal step time, of
         ``train_steps`` steps (more when the list was thinned)."""
@@ -219,36 +225,35 @@ class JobClock:
             named = sorted((k for k in ns if k not in BUILTIN), key=lambda k: -ns[k])
             for k in named:
                 activities[k] = ns[k] / 1e9
-            out: dict[str, Any] = {
-                "wall_s": wall / 1e9,
-                "goodput": ns.get(TRAIN, 0) / wall,
-                "activities": activities,
-                "named": named,
-                "start": self.source,
-            }
             ideal, badput, slow = slow_steps(train_durations, train_steps, self._compile_in_train / 1e9)
-            out.update(ideal_step_s=ideal, slow_step_badput_s=badput, slow_steps=slow)
             save, load = self._ckpt_ops[SAVE], self._ckpt_ops[LOAD]
-            out["checkpoint"] = {
-                "saves": save[0],
-                "save_s": save[1] / 1e9,
-                "loads": load[0],
-                "load_s": load[1] / 1e9,
-                "calls": [
-                    {"name": k, "count": c, "total_s": t / 1e9}
-                    for k, (c, t) in sorted(self._ckpt.items(), key=lambda kv: -kv[1][1])
-                ],
-            }
+            calls = sorted(self._ckpt.items(), key=lambda kv: -kv[1][1])
             recompiled = sorted(self._compile_steps.items(), key=lambda kv: -kv[1][1])[:_MAX_RECOMPILED]
-            out["compile"] = {
-                "compilations": self._compiles,
-                "recompilations": self._recompiles,
-                "recompiled_at": [
-                    {"mode": mode, "step": step, "count": c, "s": t / 1e9}
-                    for (mode, step), (c, t) in sorted(recompiled, key=lambda kv: (kv[0][0] != TRAIN, kv[0][1]))
-                ],
-            }
-            return out
+            return Job(
+                wall_s=wall / 1e9,
+                goodput=ns.get(TRAIN, 0) / wall,
+                activities=activities,
+                named=tuple(named),
+                start=self.source,
+                ideal_step_s=ideal,
+                slow_step_badput_s=badput,
+                slow_steps=slow,
+                checkpoint=Checkpoint(
+                    saves=save[0],
+                    save_s=save[1] / 1e9,
+                    loads=load[0],
+                    load_s=load[1] / 1e9,
+                    calls=tuple(CheckpointCall(name=k, count=c, total_s=t / 1e9) for k, (c, t) in calls),
+                ),
+                compile=Compile(
+                    compilations=self._compiles,
+                    recompilations=self._recompiles,
+                    recompiled_at=tuple(
+                        Recompiled(mode=mode, step=step, count=c, s=t / 1e9)
+                        for (mode, step), (c, t) in sorted(recompiled, key=lambda kv: (kv[0][0] != TRAIN, kv[0][1]))
+                    ),
+                ),
+            )
 
     # -- the accounting ----------------------------------------------------------------
     def _name(self, name: str) -> str:

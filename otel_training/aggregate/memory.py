@@ -19,7 +19,9 @@ import threading
 from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from otel_training.aggregate.run_sections import Creep, Memory
 
 MAX_POINTS = 4096  # beyond, every second point is dropped
 MIN_POINTS = 12
@@ -112,26 +114,29 @@ class MemoryTrend:
             return creep(self._steps, self._bytes)
 
     def to_dict(self) -> dict | None:
+        """The summary's ``memory`` section as the file's dict, or None without readings."""
+        memory = self.section()
+        return None if memory is None else memory.to_dict()
+
+    def section(self) -> Memory | None:
         """The summary's ``memory`` section, or None without readings."""
         with self._lock:
             last = self.last
             if last is None:
                 return None
-            out: dict[str, Any] = {
-                "kind": self.kind,
-                "device": self.device,
-                "first_bytes": self.first,
-                "last_bytes": last.current,
-            }
-            if self.kind == "cuda":
-                out.update(
-                    peak_allocated_bytes=self.peak_allocated,
-                    peak_reserved_bytes=self.peak_reserved,
-                    alloc_retries=last.alloc_retries or 0,
-                    ooms=last.ooms or 0,
-                )
-            out["creep"] = creep(self._steps, self._bytes)
-            return out
+            cuda = self.kind == "cuda"
+            found = creep(self._steps, self._bytes)
+            return Memory(
+                kind=self.kind,
+                device=self.device,
+                first_bytes=self.first,
+                last_bytes=last.current,
+                peak_allocated_bytes=self.peak_allocated if cuda else None,
+                peak_reserved_bytes=self.peak_reserved if cuda else None,
+                alloc_retries=(last.alloc_retries or 0) if cuda else None,
+                ooms=(last.ooms or 0) if cuda else None,
+                creep=None if found is None else Creep(**found),
+            )
 
 
 def creep(steps: Sequence[int], values: Sequence[int]) -> dict | None:

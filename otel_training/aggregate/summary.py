@@ -6,7 +6,6 @@ thread. Rendering it as text lives in ``otel_training.diagnosis.summary_text``.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -17,6 +16,7 @@ from operator import sub, truediv
 from typing import TYPE_CHECKING
 
 from otel_training import semconv as sc
+from otel_training.aggregate.run_model import SCHEMA, Flops, Mode, Phase, Run, Telemetry
 from otel_training.aggregate.step_record import (
     BATCH_SIZE,
     BY_LAYOUT,
@@ -37,7 +37,6 @@ from otel_training.record.flops import SOURCE_MEASURED
 if TYPE_CHECKING:
     from otel_training.record.flops import FlopCount
 
-SCHEMA = "otel-training/summary/v1"
 _MAX_DURATIONS = 200_000  # per mode, for percentiles; older ones are thinned out
 _MAX_CACHED = 1024  # layouts whose phase totals are looked up once
 
@@ -191,93 +190,99 @@ class RunSummary:
             return m.durations.tolist(), m.steps - (m.counted is not None)
 
     def to_dict(self, telemetry: dict | None = None) -> dict:
+        """The summary's head, ``modes`` and ``telemetry`` as the file's dict."""
         with self._lock:
-            return self._to_dict(telemetry)
+            modes = self._modes_section()
+            timing, ended = self.timing, time.time()
+        return {
+            "schema": SCHEMA,
+            **self.info,
+            "timing": timing,
+            "started_at": self.started_at,
+            "ended_at": ended,
+            "modes": {mode: m.to_dict() for mode, m in modes.items()},
+            "telemetry": Telemetry(**telemetry).to_dict() if telemetry else Telemetry().to_dict(),
+        }
 
-    def _to_dict(self, telemetry: dict | None) -> dict:
+    def section(self) -> tuple[str, dict[str, Mode]]:
+        """The timing mode and the ``modes`` section, mode by mode."""
+        with self._lock:
+            return self.timing, self._modes_section()
+
+    def _modes_section(self) -> dict[str, Mode]:
         modes = {}
         for mode, m in self._modes.items():
             step_s = m.step_ns / 1e9
             timed = m.steps - (m.counted is not None)
             ds = sorted(m.durations)
-            phases = []
-            for (name, parent), (ns, count) in sorted(m.phases.items(), key=lambda kv: -kv[1][0]):
-                phases.append(
-                    {
-                        "name": name,
-                        "parent": parent,
-                        "total_s": ns / 1e9,
-                        "mean_s": ns / 1e9 / timed if timed else 0.0,
-                        "count": count,
-                        "share": (ns / m.step_ns) if m.step_ns else 0.0,
-                    }
+            phases = tuple(
+                Phase(
+                    name=name,
+                    parent=parent,
+                    total_s=ns / 1e9,
+                    mean_s=ns / 1e9 / timed if timed else 0.0,
+                    count=count,
+                    share=(ns / m.step_ns) if m.step_ns else 0.0,
                 )
+                for (name, parent), (ns, count) in sorted(m.phases.items(), key=lambda kv: -kv[1][0])
+            )
             wall_s = ((m.last_end or 0) - (m.first_start or 0)) / 1e9
             # Throughput: the mode's samples (tokens) over its own summed step time, not
             # the wall time from its first step to its last (eval between training
             # epochs would hold whole epochs of training), the FLOP-count step left out.
             _, _, c_samples, c_tokens = m.counted or (0, 0, 0, 0)
-            timed = m.steps - (m.counted is not None)
-            modes[mode] = {
-                "steps": m.steps,
-                "timed_steps": timed,
-                "samples": m.samples,
-                "tokens": m.tokens,
-                "samples_per_s": (m.samples - c_samples) / step_s if step_s > 0 else 0.0,
-                "tokens_per_s": (m.tokens - c_tokens) / step_s if step_s > 0 else 0.0,
-                **({"flops": _flops_dict(m, m.flop_count)} if m.flop_count is not None else {}),
-                "step_time_s": step_s,
-                **({"microbatches": m.microbatches, "skipped_updates": m.skipped} if mode == sc.MODE_TRAIN else {}),
-                "wall_s": wall_s,
-                "step_mean_s": step_s / timed if timed else 0.0,
-                "step_p50_s": _pct(ds, 0.5),
-                "step_p90_s": _pct(ds, 0.9),
-                "step_max_s": ds[-1] if ds else 0.0,
-                "phases": phases,
-                "gpu_idle_s": {k: v / 1e9 for k, v in m.idle_ns.items()},
-            }
-        out = {
-            "schema": SCHEMA,
-            **self.info,
-            "timing": self.timing,
-            "started_at": self.started_at,
-            "ended_at": time.time(),
-            "modes": modes,
-            "telemetry": telemetry or {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0},
-        }
-        return out
+            train = mode == sc.MODE_TRAIN
+            modes[mode] = Mode(
+                steps=m.steps,
+                timed_steps=timed,
+                samples=m.samples,
+                tokens=m.tokens,
+                samples_per_s=(m.samples - c_samples) / step_s if step_s > 0 else 0.0,
+                tokens_per_s=(m.tokens - c_tokens) / step_s if step_s > 0 else 0.0,
+                flops=_flops(m, m.flop_count) if m.flop_count is not None else None,
+                step_time_s=step_s,
+                microbatches=m.microbatches if train else None,
+                skipped_updates=m.skipped if train else None,
+                wall_s=wall_s,
+                step_mean_s=step_s / timed if timed else 0.0,
+                step_p50_s=_pct(ds, 0.5),
+                step_p90_s=_pct(ds, 0.9),
+                step_max_s=ds[-1] if ds else 0.0,
+                phases=phases,
+                gpu_idle_s={k: v / 1e9 for k, v in m.idle_ns.items()},
+            )
+        return modes
 
 
-def _flops_dict(m: _ModeStats, c: FlopCount) -> dict:
+def _flops(m: _ModeStats, c: FlopCount) -> Flops:
     """FLOPs per step (``c``: the mode's count), achieved FLOP/s over the steps with a
     known count, and MFU."""
     timed = m.flops - (c.per_step if m.counted is not None else 0.0)  # the FLOPs of the steps in flop_ns
     flop_s = timed / (m.flop_ns / 1e9) if m.flop_ns > 0 else 0.0
-    counted = {}
-    if m.counted is not None:
-        counted = {"counted_step": m.counted[0], "counted_step_s": m.counted[1] / 1e9}
-    return {
-        "per_step": c.per_step,
-        "total": m.flops,
-        "flop_s": flop_s,
-        "peak_flop_s": c.peak,
-        "mfu": flop_s / c.peak if c.peak else None,
-        "dtype": c.dtype,
-        "device": c.device,
-        "source": c.source,
-        "count_cost_s": c.cost_s,
-        **counted,
-    }
+    return Flops(
+        per_step=c.per_step,
+        total=m.flops,
+        flop_s=flop_s,
+        peak_flop_s=c.peak,
+        mfu=flop_s / c.peak if c.peak else None,
+        dtype=c.dtype,
+        device=c.device,
+        source=c.source,
+        count_cost_s=c.cost_s,
+        counted_step=m.counted[0] if m.counted is not None else None,
+        counted_step_s=m.counted[1] / 1e9 if m.counted is not None else None,
+    )
 
 
-def write(summary: dict, path: str) -> str:
+def write(summary: Run | dict, path: str) -> str:
     """Write the summary as JSON; ``{rank}`` and ``{pid}`` in the path are expanded."""
-    path = expand(path, summary.get("rank", 0))
+    run = summary if isinstance(summary, Run) else Run.from_dict(summary)
+    path = expand(path, summary.get("rank", 0) if isinstance(summary, dict) else run.rank)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=1)
+        fh.write(run.to_json())
     os.replace(tmp, path)
     return path
 
@@ -306,7 +311,7 @@ class SummaryFile:
             self.ok = False
             self._error(exc)
 
-    def write(self, summary: dict) -> None:
+    def write(self, summary: Run | dict) -> None:
         if not self.template or not self.ok:
             return
         try:

@@ -24,6 +24,7 @@ from itertools import groupby
 from operator import attrgetter, sub
 
 from otel_training import semconv as sc
+from otel_training.aggregate.run_sections import Series
 from otel_training.aggregate.step_record import (
     BATCH_SIZE,
     BY_LAYOUT,
@@ -198,7 +199,7 @@ class _Series:
             self.windows = merged
             self.width *= 2
 
-    def to_dict(self, offset: int) -> dict:
+    def section(self, offset: int) -> Series:
         windows = list(self.windows)
         if self.open.steps:
             last = _Window()
@@ -238,12 +239,13 @@ class _Series:
             other.append(_s(rest))
         if any(other):
             phases[OTHER] = other
-        out: dict = {"width": self.width, **col, "phases": phases}
-        if any(idle):
-            out["gpu_idle_s"] = idle
-        if any(wait):  # a rank's own work per window: step_s minus wait_s
-            out["wait_s"] = wait
-        return out
+        return Series(
+            width=self.width,
+            **{k: tuple(v) for k, v in col.items()},
+            phases={name: tuple(v) for name, v in phases.items()},
+            gpu_idle_s=tuple(idle) if any(idle) else None,
+            wait_s=tuple(wait) if any(wait) else None,  # a rank's own work per window: step_s minus wait_s
+        )
 
 
 def _pairs(windows: list[_Window], same_run: bool) -> list[_Window]:
@@ -306,6 +308,10 @@ class TimeSeries:
 
     def to_dict(self) -> dict:
         """``{mode: {"width", "t", "wall_s", ..., "phases": {name: [s]}}}``: columns,
-        one value per window (see docs/report.md)."""
+        one value per window (see docs/summary-file.md)."""
+        return {mode: series.to_dict() for mode, series in self.section().items()}
+
+    def section(self) -> dict[str, Series]:
+        """The summary's ``timeseries`` section, mode by mode."""
         with self._lock:
-            return {mode: s.to_dict(self.offset) for mode, s in self._modes.items() if s.windows or s.open.steps}
+            return {mode: s.section(self.offset) for mode, s in self._modes.items() if s.windows or s.open.steps}

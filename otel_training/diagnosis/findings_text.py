@@ -3,6 +3,7 @@ report`` and the line printed at exit."""
 
 from __future__ import annotations
 
+from otel_training.aggregate.run_model import CheckFinding
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.formatting import share_pct
 
@@ -36,11 +37,11 @@ def verdict_lines(finding: Finding, advice: int = 3) -> list[str]:
     ]
 
 
-def self_check_lines(finding: dict, indent: str = "", who: str = "") -> list[str]:
+def self_check_lines(finding: CheckFinding, indent: str = "", who: str = "") -> list[str]:
     """A self-check finding (step detection in doubt) and its fix, for tables."""
-    return [f"{indent}step detection in doubt{who}: {finding['cause']}", f"{indent}  fix: {finding['fix']}"]
+    return [f"{indent}step detection in doubt{who}: {finding.cause}", f"{indent}  fix: {finding.fix}"]
 
 
-def self_check_line(finding: dict) -> str:
+def self_check_line(finding: CheckFinding) -> str:
     """The one line printed at exit for a self-check finding."""
-    return f"otel-training: step detection in doubt: {finding['cause']}; fix: {finding['fix']}"
+    return f"otel-training: step detection in doubt: {finding.cause}; fix: {finding.fix}"

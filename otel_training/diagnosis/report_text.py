@@ -8,6 +8,7 @@ from statistics import median
 
 from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
+from otel_training.aggregate.run_model import CheckFinding
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
 from otel_training.diagnosis.formatting import bar, ms, share_pct, table
@@ -147,7 +148,7 @@ def render_coverage(report: dict) -> list[str]:
         lines.append(line)
     for f in report.get("self_check") or ():
         who = f" (rank {f['rank']})" if len(ranks) > 1 and f.get("rank") is not None else ""
-        lines.extend(self_check_lines(f, "", who))
+        lines.extend(self_check_lines(CheckFinding.from_dict(f, "self_check"), "", who))
     return lines
 
 

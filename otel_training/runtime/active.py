@@ -16,6 +16,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.aggregate.pipeline import Pipeline
+from otel_training.aggregate.run_model import Run
 from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.summary import RunSummary, SummaryFile
 from otel_training.config import Config
@@ -35,6 +36,7 @@ from otel_training.runtime.measures import StepMeasures
 from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
 from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from otel_training.runtime.rank import RankWatch, say_missing
+from otel_training.runtime.run_end import run_model
 from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
@@ -291,17 +293,12 @@ class Runtime(ProcessEvents):
         return done
 
     def summary_dict(self) -> dict:
-        summary = self.pipeline.summary.to_dict(self.telemetry.as_dict())
-        coverage = self.pipeline.coverage
-        summary["step_boundary"] = self.config.step_boundary
-        summary["loaders"] = sorted(self.tracker.loaders)  # which advice fits a data-bound run
-        summary["coverage"] = coverage.to_dict(self._started_ns)
-        summary["self_check"] = self.goodput.self_check(coverage, self.tracker)
-        self.measures.summarize(summary)
-        self.goodput.summarize(summary, self.pipeline.summary)
-        if self.pipeline.timeseries is not None:
-            summary["timeseries"] = self.pipeline.timeseries.to_dict()
-        return summary
+        """The run summary as the file's dict."""
+        return self.run_model().to_dict()
+
+    def run_model(self) -> Run:
+        """The run summary: each part's section, now."""
+        return run_model(self)
 
     def shutdown(self, final: bool = True) -> None:
         """End the open step, flush everything within ``OTEL_TRAINING_SHUTDOWN_TIMEOUT``,
@@ -377,15 +374,15 @@ class Runtime(ProcessEvents):
             from otel_training.diagnosis.findings_text import self_check_line
             from otel_training.diagnosis.summary_text import render_summary
 
-            summary = self.summary_dict()
-            if self.config.summary and summary["modes"]:
+            summary = self.run_model()
+            if self.config.summary and summary.modes:
                 print(render_summary(summary), file=sys.stderr, flush=True)
             else:  # the self-check speaks without being asked
-                for finding in summary["self_check"]:
+                for finding in summary.self_check or ():
                     print(self_check_line(finding), file=sys.stderr, flush=True)
             # A process that timed no step (an instrumented torchrun launcher) has no
             # summary to give -- and without RANK it would overwrite rank 0's file.
-            if summary["modes"]:
+            if summary.modes:
                 self.summary_file.write(summary)
         except Exception as exc:
             self.on_error("summary", exc)

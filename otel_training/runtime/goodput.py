@@ -22,9 +22,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from otel_training.aggregate.job import JobClock
+from otel_training.aggregate.run_model import Attempt, CheckFinding, Job, RunView
 from otel_training.record.activities import Activities, ActivityLog
 from otel_training.record.global_step import GlobalStep
 from otel_training.runtime.attempts import WRITE_EVERY_S, AttemptFile, lost_progress, prune, run_view
@@ -228,42 +230,41 @@ class Goodput:
                 writer.join(1.0)  # a periodic write under way ends before the last one
             self._write(final=True)
 
-    def summarize(self, summary: dict, run_summary: Any) -> None:
-        """Add the ``job`` section (after the first step) to a run summary."""
+    def job(self, run_summary: Any) -> Job | None:
+        """The summary's ``job`` section (None before the first step, or on our error)."""
         try:
             durations, steps = run_summary.step_durations("train")
-            job = self.clock.to_dict(durations, steps)
-            if job is not None:
-                self._attempt(job)
-                summary["job"] = job
+            job = self.clock.section(durations, steps)
+            return None if job is None else self._attempt(job)
         except Exception as exc:
             self._on_error("summary", exc)
+            return None
 
-    def _attempt(self, job: dict) -> None:
+    def _attempt(self, job: Job) -> Job:
         """A restarted run: this attempt's restart and lost progress, and the run over
         its attempts."""
         attempts = self.attempts
         if attempts is None or not attempts.previous:
-            return
+            return job
         current = self.record(final=True)
         previous = attempts.previous[-1]
-        job["attempt"] = {
-            "number": attempts.number,
-            "restart_s": current["restart_s"],
-            "lost_progress_s": current["lost_progress_s"],
-            "lost_steps": current["lost_steps"],
-            "resumed_at_step": current["resumed_at"],
-            "previous_last_step": previous.get("global_step"),
-            "previous_exit": "recorded" if previous.get("final") else "killed (its last record)",
-        }
-        job["run"] = run_view([*attempts.previous, current])
+        attempt = Attempt(
+            number=attempts.number,
+            restart_s=current["restart_s"],
+            lost_progress_s=current["lost_progress_s"],
+            lost_steps=current["lost_steps"],
+            resumed_at_step=current["resumed_at"],
+            previous_last_step=previous.get("global_step"),
+            previous_exit="recorded" if previous.get("final") else "killed (its last record)",
+        )
+        return replace(job, attempt=attempt, run=RunView(**run_view([*attempts.previous, current])))
 
-    def self_check(self, coverage: Any, tracker: Tracker) -> list[dict]:
+    def self_check(self, coverage: Any, tracker: Tracker) -> tuple[CheckFinding, ...]:
         """The coverage self-check, with checkpoint and compile time between steps
         accounted for, and low coverage only where model work ran outside steps."""
         try:
             unstepped = tracker.unstepped
-            return coverage.self_check(self.clock.between_activity_ns(), unstepped)
+            return coverage.check(self.clock.between_activity_ns(), unstepped)
         except Exception as exc:
             self._on_error("summary", exc)
-            return coverage.self_check()
+            return coverage.check()

@@ -8,8 +8,8 @@
   tokens and FLOPs (``aggregate/summary.py``);
 - collection: the memory instruments (``export/memory.py``).
 
-``Runtime`` makes one ``StepMeasures`` and calls it at construction, for the summary and at
-shutdown.
+``Runtime`` makes one ``StepMeasures`` and calls it at construction, for the summary's
+sections and at shutdown.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_training.aggregate.memory import MemoryTrend
+from otel_training.aggregate.run_model import Memory, RunFacts
 from otel_training.record.flops import attach_flop_probe
 from otel_training.record.memory import MemoryReader
 
@@ -65,14 +66,13 @@ class StepMeasures:
         if self.probe is not None:
             self.probe.prepare()
 
-    def summarize(self, summary: dict) -> None:
-        """Add the ``memory`` section and the ``run`` section (what the run already does,
-        record/run_facts.py) to a run summary."""
-        memory = self.trend.to_dict()
-        if memory is not None:
-            summary["memory"] = memory
-        if self._facts is not None:
-            summary["run"] = self._facts()
+    def memory(self) -> Memory | None:
+        """The summary's ``memory`` section (None without readings)."""
+        return self.trend.section()
+
+    def facts(self) -> RunFacts | None:
+        """The summary's ``run`` section: what the run already does (record/run_facts.py)."""
+        return None if self._facts is None else RunFacts.from_dict(self._facts(), "run")
 
     def close(self) -> None:
         """The run ended: a FLOP count still open is left, the memory file closed."""
