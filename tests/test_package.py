@@ -142,6 +142,8 @@ def test_wheel_holds_the_repository_stack_and_contract(dist):
         prefix = "otel_training/stack_files/"
         shipped = {n[len(prefix):]: zf.read(n) for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/")}
         assert zf.read("otel_training/telemetry.md") == (ROOT / "docs" / "telemetry.md").read_bytes()
+        schema = "otel_training/aggregate/summary.schema.json"
+        assert zf.read(schema) == (ROOT / schema).read_bytes()
     assert shipped == repository_stack()
 
 

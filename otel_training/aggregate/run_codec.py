@@ -148,3 +148,45 @@ def _decode(value: Any, hint: Any, path: str) -> Any:
 def _show(value: Any) -> str:
     text = repr(value)
     return "null" if value is None else (text if len(text) <= 40 else text[:37] + "...")
+
+
+def json_schema(root: type, const: Mapping[str, str], **head: Any) -> dict:
+    """A JSON Schema (draft 2020-12) of what ``from_dict(root, ...)`` reads: each
+    dataclass under ``$defs``; ``const``: keys of ``root`` with one allowed value."""
+    defs: dict[str, dict] = {}
+
+    def kind(hint: Any) -> dict:
+        origin = typing.get_origin(hint)
+        if origin is typing.Union or origin is types.UnionType:
+            (inner,) = [a for a in typing.get_args(hint) if a is not _NONE]
+            one = kind(inner)
+            return {"type": [one["type"], "null"]} if list(one) == ["type"] else {"anyOf": [one, {"type": "null"}]}
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            define(hint)
+            return {"$ref": f"#/$defs/{hint.__name__}"}
+        if origin is tuple:
+            return {"type": "array", "items": kind(typing.get_args(hint)[0])}
+        if origin is Mapping or origin is dict:
+            return {"type": "object", "additionalProperties": kind(typing.get_args(hint)[1])}
+        return {"type": {int: "integer", float: "number", str: "string", bool: "boolean"}[hint]}
+
+    def define(cls: type) -> dict:
+        if cls.__name__ in defs:
+            return defs[cls.__name__]
+        out: dict[str, Any] = {"type": "object"}
+        defs[cls.__name__] = out
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        if doc and not doc.startswith(f"{cls.__name__}("):
+            out["description"] = " ".join(doc.split())
+        props = {}
+        for f in _fields(cls):
+            props[f.key] = {"const": const[f.key]} if cls is root and f.key in const else kind(f.hint)
+        out["properties"] = props
+        required = [f.key for f in _fields(cls) if f.required or (cls is root and f.key in const)]
+        if required:
+            out["required"] = required
+        return out
+
+    top = define(root)
+    del defs[root.__name__]
+    return {**head, **top, "$defs": dict(sorted(defs.items()))}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from otel_training import semconv as sc
 from otel_training.aggregate.run_codec import SummaryError, from_dict, nullable
+from otel_training.aggregate.run_codec import json_schema as codec_schema
 from otel_training.aggregate.run_sections import (
     Attempt,
     Checkpoint,
@@ -206,3 +207,20 @@ class Run(_Section):
 
     def mode(self, name: str) -> Mode | None:
         return self.modes.get(name)
+
+
+SCHEMA_FILE = "summary.schema.json"  # next to this module, shipped in the package
+
+
+def json_schema() -> dict:
+    """The summary file's JSON Schema, as shipped in ``SCHEMA_FILE`` (written with
+    ``json.dumps(json_schema(), indent=2) + "\n"``)."""
+    return codec_schema(
+        Run,
+        {"schema": SCHEMA},
+        **{
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "otel-training run summary (OTEL_TRAINING_SUMMARY_FILE), version 1",
+            "$comment": "keys and units: docs/summary-file.md; readers ignore keys they do not know",
+        },
+    )

@@ -57,6 +57,22 @@ def show_config(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Output into a closed pipe (``| head -1``) ends it quietly, as a
+    process killed by SIGPIPE does (status 141)."""
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # (here, not at exit, where a closed pipe prints a traceback)
+        return status
+    except BrokenPipeError:
+        # What is left to write goes nowhere (the Python documentation's recipe).
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE
+
+
+def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())

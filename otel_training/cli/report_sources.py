@@ -17,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training.aggregate.run_model import SCHEMA, Mode, Run, SummaryError
 from otel_training.diagnosis.verdict_ranks import own_work_parts
 
-SUMMARY_SCHEMA = "otel-training/summary/v1"
+SUMMARY_SCHEMA = SCHEMA  # (the name this module gave it)
 
 
 class ReportError(Exception):
@@ -135,7 +136,7 @@ def finish_modes(modes: dict[str, dict]) -> dict[str, dict]:
 
 
 # ----------------------------------------------------------------------- summary files
-def read_summary(path: str) -> dict:
+def read_summary(path: str) -> Run:
     """One validated run-end summary file."""
     try:
         with open(path, encoding="utf-8") as fh:
@@ -146,21 +147,15 @@ def read_summary(path: str) -> dict:
         raise ReportError(f"cannot read summary file {path!r}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ReportError(f"summary file {path!r} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ReportError(
             f"{path!r} is not an otel-training run summary (expected schema "
-            f"{SUMMARY_SCHEMA!r}; write one with OTEL_TRAINING_SUMMARY_FILE)"
+            f"{SCHEMA!r}; write one with OTEL_TRAINING_SUMMARY_FILE)"
         )
-    modes: Any = data.get("modes")
     try:
-        for m in modes.values():
-            for key in ("steps", "step_time_s"):
-                float(m[key])
-            for p in m.get("phases") or []:
-                p["name"], float(p["total_s"])
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ReportError(f"summary file {path!r} is malformed (missing or bad field {exc})") from None
-    return data
+        return Run.from_dict(data)
+    except SummaryError as exc:
+        raise ReportError(f"summary file {path!r} is malformed: {exc} (docs/summary-file.md)") from None
 
 
 def summary_paths(arg: str) -> list[str]:
@@ -184,39 +179,38 @@ def load_summaries(paths: list[str]) -> dict:
     return merge_summaries([(p, read_summary(p)) for p in names])
 
 
-def _one_run(files: list[tuple[str, dict]]) -> None:
+def _one_run(files: list[tuple[str, Run]]) -> None:
     """Files of different runs are no ranks of one run: refuse to add them up. Ranks of
     one job carry one run id, except when started without torchrun (each process then
     has its own): files of distinct ranks of one world size pass as such ranks."""
-    runs = {str(s.get("run_id")) for _, s in files}
+    runs = {str(s.run_id) for _, s in files}
     if len(runs) < 2:
         return
-    ranks = [s.get("rank") for _, s in files]
-    sizes = {s.get("world_size") for _, s in files}
+    ranks = [s.rank for _, s in files]
+    sizes = {s.world_size for _, s in files}
     if len(sizes) == 1 and (sizes.pop() or 1) > 1 and len(set(ranks)) == len(ranks):
         return
-    listed = ", ".join(f"{p} (run {s.get('run_id')}, rank {s.get('rank') or 0})" for p, s in files)
+    listed = ", ".join(f"{p} (run {s.run_id}, rank {s.rank or 0})" for p, s in files)
     raise ReportError(
         f"summary files of {len(runs)} different runs: {listed}; report one run at a time "
         "(its ranks' files together), or compare two with otel-training compare A B"
     )
 
 
-def _attempt(s: dict) -> int:
-    job = s.get("job")
-    attempt = job.get("attempt") if isinstance(job, dict) else None
-    return int(attempt.get("number") or 0) if isinstance(attempt, dict) else 0
+def _attempt(s: Run) -> int:
+    attempt = s.job.attempt if s.job is not None else None
+    return attempt.number if attempt is not None else 0
 
 
-def latest_attempts(files: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]], list[str]]:
+def latest_attempts(files: list[tuple[str, Run]]) -> tuple[list[tuple[str, Run]], list[str]]:
     """(the files to report, the earlier attempts' files left out): of a restarted
     run's rank, the last attempt's summary, whose ``job.run`` covers the attempts
     before it. Files of one rank that are no attempts of one another all stay."""
     by_rank: dict = {}
     for path, s in files:
-        by_rank.setdefault((s.get("run_id"), s.get("rank")), []).append((path, s))
-    kept: list[tuple[str, dict]] = []
-    dropped: list[tuple[str, dict]] = []
+        by_rank.setdefault((s.run_id, s.rank), []).append((path, s))
+    kept: list[tuple[str, Run]] = []
+    dropped: list[tuple[str, Run]] = []
     for group in by_rank.values():
         last = max(_attempt(s) for _, s in group)
         if last == 0 or sum(1 for _, s in group if _attempt(s) == last) > 1:
@@ -228,17 +222,18 @@ def latest_attempts(files: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict
     return sorted(kept, key=lambda f: order[f[0]]), sorted((p for p, _ in dropped), key=order.__getitem__)
 
 
-def merge_summaries(files: list[tuple[str, dict]]) -> dict:
+def merge_summaries(given: list[tuple[str, Run | dict]]) -> dict:
     """Merge run-end summaries (one per rank, each with its file name) into a report."""
+    files = [(path, s if isinstance(s, Run) else Run.from_dict(s)) for path, s in given]
     seen: dict = {}
     for path, s in files:
-        key = (s.get("run_id"), s.get("rank"), s.get("pid"), s.get("host"))
+        key = (s.run_id, s.rank, s.pid, s.host)
         if key in seen:
             raise ReportError(f"{path!r} and {seen[key]!r} are the same process's summary")
         seen[key] = path
     files, earlier = latest_attempts(files)
     _one_run(files)
-    runs = sorted({str(s.get("run_id")) for _, s in files})
+    runs = sorted({str(s.run_id) for _, s in files})
     modes: dict[str, dict] = {}
     ranks: dict[str, list[dict]] = {}
     tel = {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}
@@ -246,49 +241,45 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
     checks: list[dict] = []
     memory: list[dict] = []
     jobs: list[dict] = []  # per rank, the wall time by activity (aggregate/job.py)
-    for path, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0])):
-        who = {"rank": s.get("rank"), "host": s.get("host")}
-        if isinstance(s.get("job"), dict):
-            jobs.append({**who, **s["job"]})
-        if s.get("coverage"):
-            coverage.append({**who, **s["coverage"]})
-        if s.get("memory"):
-            memory.append({**who, **s["memory"]})
-        checks.extend({**who, **f} for f in s.get("self_check") or ())
-        for mode, m in (s.get("modes") or {}).items():
-            if not m.get("steps"):
+    ordered = sorted(files, key=lambda f: (f[1].rank or 0, f[0]))
+    for path, s in ordered:
+        who = {"rank": s.rank, "host": s.host}
+        if s.job is not None:
+            jobs.append({**who, **s.job.to_dict()})
+        if s.coverage is not None and s.coverage.to_dict():
+            coverage.append({**who, **s.coverage.to_dict()})
+        if s.memory is not None and s.memory.to_dict():
+            memory.append({**who, **s.memory.to_dict()})
+        checks.extend({**who, **f.to_dict()} for f in s.self_check or ())
+        for mode, m in s.modes.items():
+            if not m.steps:
                 continue
-            phases = [
-                (p["name"], p.get("parent", sc.SPAN_STEP), float(p["total_s"]), float(p.get("count") or 0))
-                for p in m.get("phases") or []
-            ]
             own = add_rank(
                 modes,
                 mode,
-                float(m["steps"]),
-                float(m.get("samples") or 0),
-                float(m["step_time_s"]),
-                phases,
-                dict(m.get("gpu_idle_s") or {}),
-                wall=float(m.get("wall_s") or 0) or None,
-                tokens=float(m.get("tokens") or 0),
-                flops=m.get("flops"),
-                timed=m if "timed_steps" in m else None,
+                float(m.steps),
+                float(m.samples),
+                float(m.step_time_s),
+                [(p.name, p.parent, float(p.total_s), float(p.count)) for p in m.phases],
+                dict(m.gpu_idle_s),
+                wall=float(m.wall_s) or None,
+                tokens=float(m.tokens or 0),
+                flops=m.flops.to_dict() if m.flops is not None else None,
+                timed=_timed(m),
             )
             own.update(
-                rank=s.get("rank"),
-                host=s.get("host"),
-                pid=s.get("pid"),
+                rank=s.rank,
+                host=s.host,
+                pid=s.pid,
                 file=path,
-                step_p50_s=m.get("step_p50_s"),
-                step_p90_s=m.get("step_p90_s"),
-                step_max_s=m.get("step_max_s"),
+                step_p50_s=m.step_p50_s,
+                step_p90_s=m.step_p90_s,
+                step_max_s=m.step_max_s,
             )
             ranks.setdefault(mode, []).append(own)
-        for k in tel:
-            tel[k] += int((s.get("telemetry") or {}).get(k) or 0)
+        for k, v in s.telemetry.to_dict().items():
+            tel[k] += v
     first = files[0][1]
-    ordered = sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0]))
     for mode, rows in ranks.items():
         modes[mode]["step_max_s"] = max((r["step_max_s"] or 0.0) for r in rows)
         if len(rows) == 1:
@@ -297,13 +288,13 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
         "source": "summary",
         "files": [p for p, _ in files],
         "earlier_attempts": earlier,  # a restarted rank's earlier summaries (its last one's job.run covers them)
-        "service": first.get("service"),
+        "service": first.service,
         "run": ", ".join(runs),
-        "timing": first.get("timing"),
-        "world_size": first.get("world_size"),
+        "timing": first.timing,
+        "world_size": first.world_size,
         "range": {
-            "start": min(s.get("started_at") or 0 for _, s in files),
-            "end": max(s.get("ended_at") or 0 for _, s in files),
+            "start": min(s.started_at or 0 for _, s in files),
+            "end": max(s.ended_at or 0 for _, s in files),
         },
         "modes": finish_modes(modes),
         "ranks": ranks,
@@ -316,14 +307,21 @@ def merge_summaries(files: list[tuple[str, dict]]) -> dict:
         "job": jobs,
         # per rank, the run over time (aggregate/timeseries.py), for the HTML report
         "timeseries": [
-            {"rank": s.get("rank"), "host": s.get("host"), "modes": s["timeseries"]}
-            for _, s in sorted(files, key=lambda f: (f[1].get("rank") or 0, f[0]))
-            if isinstance(s.get("timeseries"), dict) and s["timeseries"]
+            {"rank": s.rank, "host": s.host, "modes": {k: v.to_dict() for k, v in s.timeseries.items()}}
+            for _, s in ordered
+            if s.timeseries
         ],
         # what the run already does (the lowest rank's ``run`` section), for advice that fits it
-        "run_facts": next((s["run"] for _, s in ordered if isinstance(s.get("run"), dict)), None),
-        "loaders": sorted({str(k) for _, s in files for k in s.get("loaders") or ()}),
+        "run_facts": next((s.run.to_dict() for _, s in ordered if s.run is not None), None),
+        "loaders": sorted({str(k) for _, s in files for k in s.loaders or ()}),
     }
+
+
+def _timed(m: Mode) -> dict | None:
+    """A mode's statistics without the FLOP-count step (None: a file from before they were)."""
+    if m.timed_steps is None:
+        return None
+    return {"timed_steps": m.timed_steps, "samples_per_s": m.samples_per_s, "tokens_per_s": m.tokens_per_s}
 
 
 # --------------------------------------------------------------------------- Prometheus

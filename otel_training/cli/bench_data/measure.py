@@ -275,29 +275,25 @@ def rate_from_summary(path: str) -> tuple:
         s = read_summary(path)
     except ReportError as exc:
         raise BenchError(str(exc)) from None
-    m = (s.get("modes") or {}).get("train") or next(iter((s.get("modes") or {}).values()), None)
-    if not m or not m.get("steps"):
+    m = s.modes.get("train") or next(iter(s.modes.values()), None)
+    if m is None or not m.steps:
         raise BenchError(f"summary file {path!r} holds no steps")
-    wait = sum(
-        p["total_s"]
-        for p in m.get("phases") or []
-        if p["name"] == "dataloader_next" and p.get("parent", "step") == "step"
-    )
-    busy = max(m["step_time_s"] - wait, 1e-9)
-    batch = round(m["samples"] / m["steps"]) if m.get("samples") else None
+    wait = sum(p.total_s for p in m.phases if p.name == "dataloader_next" and p.parent == "step")
+    busy = max(m.step_time_s - wait, 1e-9)
+    batch = round(m.samples / m.steps) if m.samples else None
     measured: dict = {
-        "wait_share": wait / m["step_time_s"] if m["step_time_s"] else 0.0,
-        "wait_ms": 1e3 * wait / m["steps"],
+        "wait_share": wait / m.step_time_s if m.step_time_s else 0.0,
+        "wait_ms": 1e3 * wait / m.steps,
         "num_workers": None,
     }
     from otel_training.diagnosis.advice import facts_of, train_loaders
 
-    facts = facts_of({"run": s.get("run")})
+    facts = facts_of({"run": s.run.to_dict() if s.run is not None else None})
     loaders = train_loaders(facts) if facts else []
     if loaders:
         measured["num_workers"] = min(int(ld.get("num_workers") or 0) for ld in loaders)
         batch = next((ld["batch_size"] for ld in loaders if ld.get("batch_size")), batch)
-    return m["steps"] / busy, batch, measured
+    return m.steps / busy, batch, measured
 
 
 def advice(report: dict) -> list[str]:
