@@ -47,6 +47,24 @@ CORE_MODULES = frozenset({
 })
 
 
+# The tests marked `sdk_independent`: what they check lies below or beside the
+# OpenTelemetry SDK (torch loop shapes, DDP, the GPU timeline, the report and compare
+# commands, the stack's own processes, Alertmanager's routing, the shipped files), so
+# scripts/test-sdk-lowest.sh leaves them out: run again on the lowest SDK they test nothing
+# new. Everything that exports, configures or reads OpenTelemetry runs on both. The loop
+# suite still runs on three set-ups: the newest SDK here, and both torch ends.
+SDK_INDEPENDENT_MODULES = frozenset({
+    "tests/loops/test_loops.py", "tests/loops/test_goodput_loop.py",
+    "tests/test_grad_sync.py", "tests/test_gpu_timing.py", "tests/test_steps.py", "tests/test_memory.py",
+    "tests/test_compat.py", "tests/test_repeats.py", "tests/test_layouts.py", "tests/test_flops.py",
+    "tests/test_compare.py", "tests/test_html_report.py", "tests/test_report.py", "tests/test_verdict.py",
+    "tests/test_verdict_ranks.py", "tests/test_summary_file.py", "tests/test_cli_help.py", "tests/test_layers.py",
+    "tests/stack/test_alertmanager.py", "tests/stack/test_stack_cli.py", "tests/stack/test_static.py",
+    "tests/stack/test_promtool.py", "tests/stack/test_queries.py", "tests/stack/test_grafana_npm.py",
+    "tests/stack/test_grafana_schema.py", "tests/stack/test_grafana_intervals.py",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     for item in items:
@@ -56,6 +74,8 @@ def pytest_collection_modifyitems(config, items):
             continue
         if rel in CORE_MODULES:
             item.add_marker(pytest.mark.core)
+        if rel in SDK_INDEPENDENT_MODULES:
+            item.add_marker(pytest.mark.sdk_independent)
 
 
 TEST_DEFAULTS = dict(

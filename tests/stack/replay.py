@@ -1,10 +1,13 @@
 """Replay a recorded run at another metric export interval.
 
 The recorded OTLP export requests of a run are kept as they came, cumulative values
-and all; only their timestamps change: the recording is stretched in time so that
-each process's exports, recorded every ``OTEL_METRIC_EXPORT_INTERVAL`` (0.5 s), come
-``interval`` seconds apart -- their order, jitter and phase between processes scaled
-alike. That is what Prometheus would hold had the same run exported every
+and all; only their timestamps change, so that each process's exports, recorded every
+``OTEL_METRIC_EXPORT_INTERVAL`` (0.5 s), come ``interval`` seconds apart, in their
+order and with the phase between processes scaled. An export's lateness (how much
+longer than the interval its gap was: the export's own time, a busy machine) is kept
+in seconds, not scaled: the SDK's periodic reader waits the interval after each export,
+so a run exporting every 30 s is late by the same fraction of a second a run exporting
+every 0.5 s is. That is what Prometheus would hold had the same run exported every
 ``interval`` seconds, slowed down. Each replay gets its own
 ``service.name``, ``host.name``, ``training.run.id`` and instance ids (suffixed with
 ``tag``), so several replays share one Prometheus without mixing.
@@ -50,35 +53,61 @@ def _trains(rm) -> bool:
     return any(m.name == "training.steps" for sm in rm.scope_metrics for m in sm.metrics)
 
 
-def restamp(requests: List, interval_s: float, end_s: float, tag: str,
-            regular: bool = False) -> Tuple[List, float, float]:
-    """Copies of ``requests`` stretched in time so that each process exports every
-    ``interval_s`` seconds (its recorded exports keep their order, spacing and phase
-    relative to the other processes, scaled), renamed with ``tag``. The last export that
-    counted training steps lands at ``end_s``; exports before training began or after it
-    ended (a launcher's start-up, or outliving its ranks) are dropped. Returns (requests, first, last) in seconds."""
+def _stamps(requests: List) -> dict:
     by_instance = defaultdict(list)
     for request in requests:
         for rm in request.resource_metrics:
             by_instance[_instance(rm)].append(_time_ns(rm))
+    return by_instance
+
+
+def _native_ns(by_instance: dict) -> int:
+    """The recorded export interval: the median gap between a process's exports."""
     gaps = []
     for stamps in by_instance.values():
         stamps = sorted(stamps)
         gaps += [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
-    native_ns = sorted(gaps)[len(gaps) // 2]  # the recorded export interval
-    factor = interval_s * 1e9 / native_ns  # output seconds per recorded nanosecond, x1e9
-    when = _time_ns
-    if regular:
-        # Each process's k-th export k recorded intervals after its first: the recording's
-        # jitter left out (a synthetic producer's, whose timing is not under test).
-        slot = {}
-        for instance, stamps in by_instance.items():
-            stamps = sorted(set(stamps))
-            slot.update({(instance, t): stamps[0] + k * native_ns for k, t in enumerate(stamps)})
+    return sorted(gaps)[len(gaps) // 2]
 
-        def when(rm, _slot=slot):
-            t = _time_ns(rm)
-            return _slot.get((_instance(rm), t), t)
+
+def most_late_s(requests: List) -> float:
+    """The recording's largest lateness: how much longer than the recorded export
+    interval any one process's gap between two exports was, in seconds (the run's own
+    clock; a replay keeps it, see ``restamp``)."""
+    by_instance = _stamps(requests)
+    native_ns = _native_ns(by_instance)
+    late = [b - a - native_ns for stamps in by_instance.values()
+            for a, b in zip(sorted(set(stamps)), sorted(set(stamps))[1:])]
+    return max([0, *late]) / 1e9
+
+
+def restamp(requests: List, interval_s: float, end_s: float, tag: str,
+            regular: bool = False) -> Tuple[List, float, float]:
+    """Copies of ``requests`` stretched in time so that each process exports every
+    ``interval_s`` seconds (its recorded exports keep their order, their lateness in
+    seconds, and their phase relative to the other processes, scaled), renamed with ``tag``. The last export that
+    counted training steps lands at ``end_s``; exports before training began or after it
+    ended (a launcher's start-up, or outliving its ranks) are dropped. Returns (requests, first, last) in seconds."""
+    by_instance = _stamps(requests)
+    native_ns = _native_ns(by_instance)
+    factor = interval_s * 1e9 / native_ns  # output seconds per recorded nanosecond, x1e9
+    # Each process's k-th export: its first, then per recorded gap one recorded interval
+    # plus the gap's lateness, shrunk by ``factor`` here so that it comes out in seconds
+    # as recorded (``regular``: no lateness, for a synthetic producer whose timing is not
+    # under test).
+    slot = {}
+    for instance, stamps in by_instance.items():
+        stamps = sorted(set(stamps))
+        t = float(stamps[0])
+        slot[(instance, stamps[0])] = t
+        for a, b in zip(stamps, stamps[1:]):
+            t += native_ns + (0.0 if regular else (b - a - native_ns) / factor)
+            slot[(instance, b)] = t
+
+    def when(rm) -> float:
+        t = _time_ns(rm)
+        return slot.get((_instance(rm), t), float(t))
+
     trains = [when(rm) for request in requests for rm in request.resource_metrics if _trains(rm)]
     ref_ns = max(trains)
     from_ns = min(trains) - 2 * native_ns  # the hardware sampler's start-up before training: left out
