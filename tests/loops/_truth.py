@@ -17,6 +17,11 @@ around the sleep. At the end it prints one line ``TRUTH {json}``:
     before_first_step_s  timed user code before the first step (``BEFORE``), for reference
     samples            {mode: samples the steps of that mode consumed} (``samples()``), only
                        in scripts that count them
+    loader_work_s      {mode: seconds}: the DataLoader's own work around the planted
+                       delays (fetch, collate, the iterator's bookkeeping: each fetch's
+                       time less the planted sleeps inside it, by the script's clock),
+                       booked to the mode whose delay the fetch held; it grows on a
+                       loaded machine, and ``dataloader_next`` holds it too
     named              {name: {"count": n, "total_s": s}}: blocks the script ran inside its
                        own ``otel_training.phase(name)`` with no step open (``named()``),
                        only in scripts that name time between steps
@@ -95,6 +100,11 @@ class Truth:
         # (mode, phase) -> {steps of that mode counted so far: seconds}: what each step's
         # stretch held, for the most any one step held (``planted_step_max_s``)
         self._by_step: Dict[tuple, Dict[int, float]] = {}
+        self._fetch_slept = 0.0  # planted sleeps so far, Ledger's too (for a fetch's own work)
+        self._fetch_mode: Optional[str] = None  # the mode of the delay the current fetch held
+        self._loader_work: Dict[str, float] = {TRAIN: 0.0, EVAL: 0.0}
+        self._unbooked_work = 0.0  # fetch work with no mode yet (a Ledger books it later)
+        _watch_fetches(self)
 
     # -- the loop's wall time ---------------------------------------------------------
     def start(self) -> None:
@@ -177,6 +187,9 @@ class Truth:
         dt = time.perf_counter() - t
         self.add(mode, phase, dt)
         self._slept += dt
+        self._fetch_slept += dt
+        if phase == "dataloader_next" and mode in self._loader_work:
+            self._fetch_mode = mode
         return dt
 
     def sleep_outside(self, seconds: float) -> float:
@@ -245,6 +258,7 @@ class Truth:
             "planted_step_max_s": {mode: {k: max(self._by_step.get((mode, k), {0: 0.0}).values()) for k in d}
                                    for mode, d in totals.items()},
             "timed_user_code_s": {m: d for m, d in self._timed.items() if d},
+            "loader_work_s": dict(self._loader_work),
             "planted_outside_s": self._outside,
             "outside_after_last_step_s": self._outside_pending,
             "outside_loop_ends": self._loop_ends,
@@ -310,8 +324,44 @@ class Ledger:
     def sleep(self, seconds: float) -> None:
         t = time.perf_counter()
         time.sleep(seconds)
-        self.slept += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.slept += dt
+        self.truth._fetch_slept += dt
 
     def book(self, mode: str) -> None:
         self.truth.add(mode, "outside" if mode == OUTSIDE else "dataloader_next", self.slept)
         self.slept = 0.0
+        if mode in self.truth._loader_work:
+            self.truth._loader_work[mode] += self.truth._unbooked_work
+        self.truth._unbooked_work = 0.0
+
+
+def _watch_fetches(truth: Truth) -> None:
+    """Time each DataLoader fetch (``_next_data``, inside the iterator's ``__next__``
+    that otel-training watches) by the script's clock: its time less the planted sleeps
+    inside it is the loader's own work, booked to the mode of the delay it held (or left
+    for a ``Ledger`` to book with its sleeps)."""
+    try:
+        from torch.utils.data import dataloader as dl
+    except ImportError:  # pragma: no cover - every script has torch
+        return
+    for cls in (dl._SingleProcessDataLoaderIter, dl._MultiProcessingDataLoaderIter):
+        inner = cls.__dict__.get("_next_data")
+        if inner is None or getattr(inner, "_truth_timed", False):
+            continue
+
+        def timed(self, _inner=inner):
+            t, slept = time.perf_counter(), truth._fetch_slept
+            outer_mode, truth._fetch_mode = truth._fetch_mode, None
+            try:
+                return _inner(self)
+            finally:
+                work = max(0.0, time.perf_counter() - t - (truth._fetch_slept - slept))
+                if truth._fetch_mode is not None:
+                    truth._loader_work[truth._fetch_mode] += work
+                else:
+                    truth._unbooked_work += work
+                truth._fetch_mode = outer_mode
+
+        timed._truth_timed = True  # type: ignore[attr-defined]
+        setattr(cls, "_next_data", timed)
