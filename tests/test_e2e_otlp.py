@@ -102,9 +102,13 @@ def test_planted_delays_are_recovered_within_10_percent(run):
     untracked = [attributes(s.attributes)["training.untracked.duration"] for spans in traces
                  for _, s in spans if s.name == "step"]
     planted = run.planted  # the delays as they really happened in the script
-    assert planted["batch_delay_ms"] == pytest.approx(BATCH_DELAY_MS, rel=0.5)
-    assert statistics.median(loader) / 1e6 == pytest.approx(planted["batch_delay_ms"], rel=0.10)
-    assert statistics.median(untracked) * 1e3 == pytest.approx(planted["log_delay_ms"], rel=0.10)
+    assert planted["batch_delay_ms"] >= BATCH_DELAY_MS and planted["log_delay_ms"] >= LOG_DELAY_MS
+    # The wait holds the planted sleep and the rest of the fetch (the samples, the collate),
+    # which a loaded machine stretches: the script's clock bounds both sides.
+    wait_ms = statistics.median(loader) / 1e6
+    assert planted["batch_delay_ms"] * 0.9 <= wait_ms <= planted["batch_fetch_ms"] * 1.1 + 1.0, (wait_ms, planted)
+    # untracked: the slow log line, and loss.item() and zero_grad() beside it
+    assert planted["log_delay_ms"] * 0.9 <= statistics.median(untracked) * 1e3 <= planted["log_delay_ms"] * 1.1 + 1.0
 
 
 def _latest_points(receiver, name):
@@ -127,7 +131,8 @@ def test_metrics_for_every_step(run):
     assert sum(p.sum for p in top) == pytest.approx(step_point.sum, rel=1e-6)
     loader = phases["dataloader_next"]
     # the first step also starts the iterator, hence the wider bound
-    assert loader.sum / loader.count * 1e3 == pytest.approx(run.planted["batch_delay_ms"], rel=0.15)
+    mean_ms = loader.sum / loader.count * 1e3
+    assert run.planted["batch_delay_ms"] * 0.9 <= mean_ms <= run.planted["batch_fetch_ms"] * 1.15 + 1.0
     for p in phases.values():
         attrs = attributes(p.attributes)
         assert attrs["host.name"] and attrs["training.mode"] == "train"
