@@ -20,9 +20,9 @@ import json
 
 import pytest
 
-from otel_training.cli.report_build import diagnosed
-from otel_training.cli.report_sources import load_summaries
 from otel_training.diagnosis.verdict import diagnose
+from otel_training.report.build import diagnosed
+from otel_training.report.sources import load_summaries
 from tests.otlp_receiver import free_port
 from tests.scripts.harness import BIN, ROOT, SCRIPTS, otel_env, run
 

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("record", {"record"}),  # the training thread
     ("aggregate", {"aggregate"}),  # the pipeline thread
     ("diagnosis", {"diagnosis"}),  # findings and run text, from the aggregates
+    ("report", {"report"}),  # views of runs: sources, rank merging, charts, compare, the HTML page
     ("export", {"export"}),  # OpenTelemetry instruments, spans, files
     ("runtime", {"runtime", "integrations"}),  # the wiring; framework integrations
     ("entry points", {"instrumentor", "preflight", "distro"}),  # what opentelemetry-instrument loads
@@ -191,3 +192,16 @@ def test_the_import_reader_resolves(monkeypatch, source, module, expected):
     text = "def f():\n    " + source + "\n"
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == MODULES[module] else "")
     assert _imports(module) == {expected}
+
+
+def test_only_the_commands_import_the_report():
+    """The report (``report/``) is read by the commands (``cli/``) alone: the runtime and
+    what lies under it never build one."""
+    readers = sorted(
+        f"{_file(a)} -> {_file(b)}"
+        for a, targets in GRAPH.items()
+        for b in targets
+        if b.split(".")[1:2] == ["report"] and a.split(".")[1:2] not in (["report"], ["cli"])
+    )
+    assert not readers, "imports of the report from outside the commands:\n" + "\n".join(readers)
+

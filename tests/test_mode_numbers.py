@@ -82,9 +82,9 @@ def test_eval_throughput_is_over_the_eval_steps_own_time(run, capsys):
     """Eval between training epochs: samples/s over the eval steps' time, not over the
     span from the first eval step to the last (which holds two training epochs)."""
     from otel_training.cli import main
-    from otel_training.cli.html_report import build_html
-    from otel_training.cli.report_sources import load_summaries
     from otel_training.diagnosis.summary_text import render_summary
+    from otel_training.report.page import build_html
+    from otel_training.report.sources import load_summaries
 
     summary, _, path = run
     ev = summary["modes"]["eval"]
@@ -104,7 +104,7 @@ def test_eval_throughput_is_over_the_eval_steps_own_time(run, capsys):
     assert f"<b>{ev['samples_per_s']:,.1f}</b><span>samples/s</span>" in html
 
     # the chart's eval throughput: every point near the eval steps' own rate
-    from otel_training.cli.report_charts import Colors, run_charts
+    from otel_training.report.charts import Colors, run_charts
 
     charts = {c["id"]: c for c in run_charts(dict(report, mode="train"), Colors())}
     (line,) = [s for s in charts["throughput"]["series"] if s["label"] == "eval samples/s"]
@@ -175,8 +175,8 @@ def test_counts_agree_with_their_nouns(run, capsys):
 
 
 def test_a_modes_chart_line_breaks_where_it_did_not_run(run):
-    from otel_training.cli.report_charts import Colors, run_charts
-    from otel_training.cli.report_sources import load_summaries
+    from otel_training.report.charts import Colors, run_charts
+    from otel_training.report.sources import load_summaries
 
     summary, _, path = run
     ts = summary["timeseries"]

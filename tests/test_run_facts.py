@@ -10,10 +10,10 @@ import json
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from otel_training.cli.report_build import diagnosed
-from otel_training.cli.report_sources import load_summaries
 from otel_training.diagnosis.advice import DATALOADER_ADVICE
 from otel_training.diagnosis.verdict import diagnose
+from otel_training.report.build import diagnosed
+from otel_training.report.sources import load_summaries
 from tests.conftest import make_dataset, make_model, train_step
 
 

@@ -153,9 +153,9 @@ def main(argv=None) -> int:
 
 
 def _write_html(path: str, summary: dict) -> int:
-    from otel_training.cli.html_report import write_html
-    from otel_training.cli.report_build import diagnosed
-    from otel_training.cli.report_sources import ReportError, merge_summaries
+    from otel_training.report.build import diagnosed
+    from otel_training.report.page import write_html
+    from otel_training.report.sources import ReportError, merge_summaries
 
     try:
         write_html(path, [diagnosed(merge_summaries([("demo run", summary)]))])

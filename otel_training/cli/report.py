@@ -14,8 +14,8 @@ import argparse
 import json
 import sys
 
-from otel_training.cli.report_build import build_report
-from otel_training.cli.report_sources import ReportError
+from otel_training.report.build import build_report
+from otel_training.report.sources import ReportError
 
 __all__ = ["main", "build_report", "ReportError"]
 
@@ -76,19 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(out, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
-        from otel_training.diagnosis.report_text import render
+        from otel_training.report.text import render
 
         print(render(report, report["findings"], report["mode"]))
     return 0
 
 
 def _write_html(args: argparse.Namespace, report: dict) -> None:
-    from otel_training.cli.html_report import write_html
+    from otel_training.report.page import write_html
 
     if not args.compare:
         write_html(args.html, [report], None)
     else:
-        from otel_training.cli.compare import compare
+        from otel_training.report.compare import compare
 
         other = argparse.Namespace(**vars(args))
         if args.prometheus:

@@ -6,7 +6,7 @@ gradient sync, record/grad_sync.py) and ``reduce_metrics`` (the user's collectiv
 Ranks that synchronize take the same step time; the straggler is the one with the
 most own work, named with the part of it that is larger than on the other ranks.
 
-A rank row (``ranks`` of a report, cli/report_sources.py ``add_rank``) carries
+A rank row (``ranks`` of a report, report/sources.py ``add_rank``) carries
 ``step_mean_s``, ``phases`` (top-level shares), optionally ``phase_mean_s`` (top-level
 seconds per step) and, where the phase tree was known, ``wait_mean_s`` (its waits,
 seconds per step) and ``part_mean_s`` (its own work by part: the batch's children

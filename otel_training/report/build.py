@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from otel_training.cli.report_prometheus import Prometheus, PrometheusReport
-from otel_training.cli.report_sources import ReportError, load_summaries, parse_duration, parse_time
 from otel_training.diagnosis.verdict import diagnose, pick_mode
+from otel_training.report.prometheus import Prometheus, PrometheusReport
+from otel_training.report.sources import ReportError, load_summaries, parse_duration, parse_time
 
 
 def build_report(args: argparse.Namespace) -> dict:
@@ -22,7 +22,7 @@ def build_report(args: argparse.Namespace) -> dict:
         prom = Prometheus(args.prometheus, args.timeout)
         report = PrometheusReport(prom, start, end).collect(args.run)
         if getattr(args, "series", False):  # the run over time, for charts
-            from otel_training.cli.report_series import PrometheusSeries
+            from otel_training.report.series import PrometheusSeries
 
             hosts = sorted({r["host"] for rows in report["ranks"].values() for r in rows if r.get("host")})
             series = PrometheusSeries(prom, start, end).collect(report["selector"][1:-1], hosts)

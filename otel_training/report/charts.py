@@ -13,7 +13,7 @@ breaks where that mode did not run (another mode's bin between two of its own).
 from __future__ import annotations
 
 from otel_training import semconv as sc
-from otel_training.cli.report_series import MAX_POINTS, mode_names
+from otel_training.report.series import MAX_POINTS, mode_names
 
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
 _FIXED = {

@@ -4,7 +4,7 @@ Everything is inlined -- uPlot (``assets/uPlot.iife.min.js``, MIT, see
 ``assets/README.md``), its stylesheet, the page's script and the data as JSON --
 and a Content-Security-Policy of ``default-src 'none'`` keeps the page from
 loading anything: it works offline, from ``file://``. The charts are specs made
-by :mod:`otel_training.cli.report_charts`; the text is the terminal report's.
+by :mod:`otel_training.report.charts`; the text is the terminal report's.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ import os
 import time
 from importlib import resources
 
-from otel_training.cli.report_charts import Colors, compare_charts, run_charts
-from otel_training.cli.report_series import mode_names, require
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.goodput_text import job_html  # the goodput bar
 from otel_training.diagnosis.words import plural, timing_words
+from otel_training.report.charts import Colors, compare_charts, run_charts
+from otel_training.report.series import mode_names, require
 from otel_training.version import __version__
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 
 
 def _asset(name: str) -> str:
-    return resources.files("otel_training.cli").joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files("otel_training.report").joinpath("assets", name).read_text(encoding="utf-8")
 
 
 def _e(text: object) -> str:
@@ -74,7 +74,7 @@ def _cards(report: dict) -> str:
         out.append(
             f'<p class="meta">GPU utilization: mean {100 * gpu["mean"]:.1f}%, lowest {100 * gpu["min"]:.1f}%</p>'
         )
-    from otel_training.diagnosis.report_text import render_coverage
+    from otel_training.report.text import render_coverage
 
     # coverage, with the named time between steps (a checkpoint between epochs)
     out.extend(f'<p class="meta">{_e(line)}</p>' for line in render_coverage({"coverage": report.get("coverage")}))
@@ -96,7 +96,7 @@ def _findings(findings: list[Finding]) -> str:
 
 
 def _run_section(report: dict, charts: list[dict], title: str) -> str:
-    from otel_training.diagnosis.report_text import render
+    from otel_training.report.text import render
 
     findings = report.get("findings") or []
     verdict = f"{findings[0].title}: {findings[0].detail}" if findings else "no data"
@@ -204,7 +204,7 @@ def build_html(reports: list[dict], comparison: dict | None = None) -> str:
 def write_html(path: str, reports: list[dict], comparison: dict | None = None) -> str:
     """Write the page (atomically); returns the path."""
     text = build_html(reports, comparison)
-    from otel_training.cli.report_sources import ReportError
+    from otel_training.report.sources import ReportError
 
     tmp = f"{path}.tmp{os.getpid()}"
     try:

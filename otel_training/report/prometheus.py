@@ -12,8 +12,8 @@ import urllib.parse
 import urllib.request
 
 from otel_training import semconv as sc
-from otel_training.cli.report_sources import ReportError, add_rank, finish_modes
 from otel_training.diagnosis.goodput_text import jobs_from_deltas
+from otel_training.report.sources import ReportError, add_rank, finish_modes
 
 
 def _quote(value: str) -> str:

@@ -14,8 +14,8 @@ import math
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.cli.report_prometheus import Prometheus
-from otel_training.cli.report_sources import ReportError
+from otel_training.report.prometheus import Prometheus
+from otel_training.report.sources import ReportError
 
 MAX_POINTS = 120  # windows per chart line
 _RANK = ("instance", "host_name", "training_rank")

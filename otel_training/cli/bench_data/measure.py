@@ -269,7 +269,7 @@ def rate_from_summary(path: str) -> tuple:
     """(compute-only steps/s, batch size, what the run measured) of the train mode in a
     run-end summary; the last: its data wait (``wait_share``, ``wait_ms`` per step) and,
     from the summary's ``run`` section, the training loader's ``num_workers``."""
-    from otel_training.cli.report_sources import ReportError, read_summary
+    from otel_training.report.sources import ReportError, read_summary
 
     try:
         s = read_summary(path)

@@ -1,5 +1,5 @@
 /* otel-training HTML report: draws the chart specs embedded in the page with uPlot.
-   Specs (otel_training/cli/report_charts.py): {id, title, kind, x | categories,
+   Specs (otel_training/report/charts.py): {id, title, kind, x | categories,
    series: [{label, values, color, dash?, colors?, notes?}], unit, xlabel}.
    kind: "line", "area" (stacked shares), "bars", "stacked-bars", "grouped-bars". */
 (function () {

@@ -1,0 +1,263 @@
+"""Two runs compared: per phase, step time, throughput and verdict, A vs B with deltas,
+and an ``improvement``, ``regression`` or ``inconclusive`` judged against run-to-run
+noise (``otel-training compare``, the HTML page's side-by-side section):
+
+- each run's noise comes from the run itself: its windows of steps (the summary's
+  time series, or Prometheus' windows), ranks merged, are cut into ``BLOCKS``
+  consecutive blocks of about equal step count; the standard error of the run's
+  mean is the block means' standard deviation over sqrt(blocks) (batch means:
+  neighbouring steps are correlated, blocks much less);
+- a change counts when it exceeds both ``Z`` times the two runs' combined standard
+  error and a floor (default 5%): identical runs on one machine differ by a few
+  percent (load, clocks, caches) that no single run's spread shows.
+
+The step time is compared per step; when the batch size changed (samples per step
+differ by more than 1%), per sample instead. :func:`gate` is the CI gate.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import stdev
+from typing import Any
+
+from otel_training.report.charts import Grid, by_size, top_phases
+from otel_training.report.sources import ReportError
+
+BLOCKS = 8
+Z = 3.0
+FLOOR = 0.05
+
+IMPROVEMENT, REGRESSION, INCONCLUSIVE = "improvement", "regression", "inconclusive"
+
+
+def _blocks(report: dict, mode: str, value) -> list[float]:
+    """``value(steps, step_s, samples, phases)`` per block of consecutive windows."""
+    bins = list(Grid(report).mode(mode).values())
+    total = sum(acc["steps"] for acc in bins)
+    if len(bins) < 2 or not total:
+        return []
+    n = min(BLOCKS, len(bins))
+    out: list[float] = []
+    acc_steps = 0
+    cur: dict[str, Any] = {"steps": 0, "step_s": 0.0, "samples": 0, "phases": {}}
+    for acc in bins:
+        cur["steps"] += acc["steps"]
+        cur["step_s"] += acc["step_s"]
+        cur["samples"] += sum(own[2] for own in acc["rank"].values())
+        for name, s in acc["phases"].items():
+            cur["phases"][name] = cur["phases"].get(name, 0.0) + s
+        acc_steps += acc["steps"]
+        if acc_steps >= (len(out) + 1) * total / n:
+            v = value(cur["steps"], cur["step_s"], cur["samples"], cur["phases"])
+            if v is not None:
+                out.append(v)
+            cur = {"steps": 0, "step_s": 0.0, "samples": 0, "phases": {}}
+    return out
+
+
+def _se(values: list[float]) -> float | None:
+    return stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+
+
+def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: float, scale: float) -> dict:
+    """Is b - a a change? ``scale`` is what the floor is a share of (A's value, or
+    A's step time for a phase). Lower is better."""
+    delta = b - a
+    noise = math.sqrt((se_a or 0.0) ** 2 + (se_b or 0.0) ** 2) if (se_a is not None and se_b is not None) else None
+    threshold = max(floor * scale, Z * noise if noise is not None else 0.0)
+    change = INCONCLUSIVE
+    if abs(delta) > threshold:
+        change = IMPROVEMENT if delta < 0 else REGRESSION
+    return {
+        "a": a,
+        "b": b,
+        "delta": delta,
+        "delta_rel": delta / a if a else None,
+        "noise": noise,
+        "threshold": threshold,
+        "change": change,
+    }
+
+
+def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> dict:
+    """The comparison of two reports (``report.build_report`` output, findings in)."""
+    from otel_training.diagnosis.verdict import pick_mode
+
+    mode = mode or pick_mode(a)
+    if not mode or mode not in a["modes"] or mode not in b["modes"]:
+        have_a, have_b = ", ".join(a["modes"]) or "none", ", ".join(b["modes"]) or "none"
+        raise ReportError(f"nothing to compare: no {mode or 'common'} steps in both runs (A: {have_a}; B: {have_b})")
+    ma, mb = a["modes"][mode], b["modes"][mode]
+    spa = ma["samples"] / ma["steps"] if ma["steps"] else 0.0
+    spb = mb["samples"] / mb["steps"] if mb["steps"] else 0.0
+    per_sample = bool(spa and spb and abs(spb - spa) > 0.01 * spa)
+    if per_sample:
+
+        def unit(steps, step_s, samples, phases):
+            return step_s / samples if samples else None
+
+        va, vb = ma["step_time_s"] / ma["samples"], mb["step_time_s"] / mb["samples"]
+    else:
+
+        def unit(steps, step_s, samples, phases):
+            return step_s / steps if steps else None
+
+        va, vb = ma["step_mean_s"], mb["step_mean_s"]
+    step = _judge(va, vb, _se(_blocks(a, mode, unit)), _se(_blocks(b, mode, unit)), floor, va)
+    step["per"] = "sample" if per_sample else "step"
+    tput = {"a": ma["throughput_sps"], "b": mb["throughput_sps"], "delta": mb["throughput_sps"] - ma["throughput_sps"]}
+    tput["delta_rel"] = tput["delta"] / tput["a"] if tput["a"] else None
+    pa = {p["name"]: p for p in top_phases(ma)}
+    pb = {p["name"]: p for p in top_phases(mb)}
+    phases = []
+    for name in by_size(pa, pb):
+
+        def phase_unit(steps, step_s, samples, ph, name=name):
+            return ph.get(name, 0.0) / steps if steps else None
+
+        x, y = pa.get(name, {}).get("mean_s", 0.0), pb.get(name, {}).get("mean_s", 0.0)
+        j = _judge(x, y, _se(_blocks(a, mode, phase_unit)), _se(_blocks(b, mode, phase_unit)), floor, ma["step_mean_s"])
+        j.update(name=name, share_a=pa.get(name, {}).get("share", 0.0), share_b=pb.get(name, {}).get("share", 0.0))
+        phases.append(j)
+    changed = None
+    if step["change"] != INCONCLUSIVE:
+        sign = -1 if step["change"] == IMPROVEMENT else 1
+        moved = [p for p in phases if p["change"] == step["change"]]
+        if moved:
+            changed = max(moved, key=lambda p: sign * p["delta"])["name"]
+    fa, fb = (a.get("findings") or [None])[0], (b.get("findings") or [None])[0]
+    from otel_training.diagnosis.goodput_text import compare_job  # goodput A vs B
+
+    return {
+        "job": compare_job(a, b),
+        "mode": mode,
+        "a": _who(a),
+        "b": _who(b),
+        "result": step["change"],
+        "changed_phase": changed,
+        "step": step,
+        "throughput": tput,
+        "phases": phases,
+        "verdict": {"a": fa.to_dict() if fa else None, "b": fb.to_dict() if fb else None},
+        "noise_model": f"batch means over {BLOCKS} blocks; a change exceeds {floor:.0%} of A "
+        f"and {Z:g} x the combined standard error",
+    }
+
+
+def _who(report: dict) -> dict:
+    src = report.get("files") if report.get("source") == "summary" else report.get("selector")
+    return {"run": report.get("run"), "source": report.get("source"), "from": src, "range": report.get("range")}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def _pct(x: float | None, sign: bool = True) -> str:
+    return "-" if x is None else (f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%")
+
+
+def render(c: dict) -> str:
+    """The comparison as text."""
+    from otel_training.diagnosis.formatting import table
+
+    s, t = c["step"], c["throughput"]
+    per = "sample" if s["per"] == "sample" else "step"
+    lines = [
+        f"otel-training compare ({c['mode']} steps)",
+        f"  A: run {c['a']['run']} ({_src(c['a'])})",
+        f"  B: run {c['b']['run']} ({_src(c['b'])})",
+        "",
+    ]
+    rows = [
+        [
+            f"time per {per} ms",
+            _ms(s["a"]),
+            _ms(s["b"]),
+            f"{s['delta'] * 1e3:+.1f} ms ({_pct(s['delta_rel'])})",
+            s["change"],
+        ],
+        [
+            "throughput samples/s",
+            f"{t['a']:,.1f}",
+            f"{t['b']:,.1f}",
+            f"{t['delta']:+,.1f} ({_pct(t['delta_rel'])})",
+            "",
+        ],
+    ]
+    lines += table(["", "A", "B", "delta", ""], rows, {1, 2, 3})
+    lines.append("")
+    prow = [
+        [
+            p["name"],
+            _ms(p["a"]),
+            _ms(p["b"]),
+            f"{p['delta'] * 1e3:+.1f}",
+            _pct(p["share_a"], False),
+            _pct(p["share_b"], False),
+            "" if p["change"] == INCONCLUSIVE else p["change"],
+        ]
+        for p in c["phases"]
+    ]
+    lines += table(["phase", "A ms/step", "B ms/step", "delta ms", "A share", "B share", ""], prow, {1, 2, 3, 4, 5})
+    lines.append("")
+    for k in ("a", "b"):
+        f = c["verdict"][k]
+        lines.append(f"verdict {k.upper()}: " + (f"{f['title']}: {f['detail']}" if f else "no data"))
+    from otel_training.diagnosis.goodput_text import compare_lines  # goodput A vs B
+
+    lines.extend(compare_lines(c))
+    lines.append("")
+    noise = "unknown (runs too short)" if s["noise"] is None else f"±{_pct(s['noise'] / s['a'], False)}"
+    head = f"result: {c['result']}: time per {per} {_ms(s['a'])} -> {_ms(s['b'])} ms ({_pct(s['delta_rel'])}; "
+    head += f"noise {noise}, threshold ±{_pct(s['threshold'] / s['a'], False)}"
+    if c["result"] == INCONCLUSIVE:
+        noisy = s["noise"] is not None and Z * s["noise"] >= s["threshold"]
+        head += ": within the noise" if noisy else f": within the {_pct(s['threshold'] / s['a'], False)} floor"
+    head += ")"
+    if c["changed_phase"]:
+        p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
+        head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
+    lines.append(head)
+    if c.get("gate"):
+        lines.append(gate_line(c["gate"]))
+    return "\n".join(lines)
+
+
+def gate(c: dict, max_regression_pct: float) -> dict:
+    """``--fail-on-regression PCT``: does B's step time fail the gate? It fails when it is
+    worse than A's by more than PCT percent and by more than ``Z`` x the combined standard
+    error (a change the runs' own noise explains does not fail a build); with the noise
+    unknown (runs too short to measure it), PCT alone decides."""
+    s = c["step"]
+    allowed = max_regression_pct / 100 * s["a"]
+    beyond_noise = s["noise"] is None or s["delta"] > Z * s["noise"]
+    failed = bool(s["delta"] > allowed and beyond_noise)
+    return {
+        "max_regression_pct": max_regression_pct,
+        "delta_rel": s["delta_rel"],
+        "noise_rel": s["noise"] / s["a"] if s["noise"] is not None and s["a"] else None,
+        "beyond_noise": bool(s["noise"] is not None and s["delta"] > Z * s["noise"]),
+        "failed": failed,
+    }
+
+
+def gate_line(g: dict) -> str:
+    """``gate: fail: ...`` / ``gate: pass: ...``, the CI gate's one line."""
+    delta = f"time per step {_pct(g['delta_rel'])}"
+    noise = "noise unknown" if g["noise_rel"] is None else f"noise ±{_pct(g['noise_rel'], False)}"
+    limit = f"{g['max_regression_pct']:g}%"
+    if g["failed"]:
+        why = f"worse by more than the allowed {limit}" + (
+            " and beyond the noise" if g["noise_rel"] is not None else ""
+        )
+        return f"gate: fail: {delta} ({noise}): {why}"
+    if (g["delta_rel"] or 0) * 100 > g["max_regression_pct"]:
+        return f"gate: pass: {delta} ({noise}): over {limit} but within {Z:g} x the noise, not significant"
+    return f"gate: pass: {delta} ({noise}): within the allowed {limit}"
+
+
+def _src(who: dict) -> str:
+    src = who["from"]
+    return ", ".join(src) if isinstance(src, list) else str(src)
