@@ -128,13 +128,14 @@ def test_train_steps_are_numbered_as_the_global_step_and_eval_steps_apart(run):
 
 
 def test_the_largest_gap_is_placed_in_train_numbering(run):
+    from otel_training.aggregate.run_model import Run
     from otel_training.diagnosis.measures_text import coverage_line
 
     summary, _, _ = run
     cov = summary["coverage"]
     assert cov["largest_gap_s"] >= CHECKPOINT_S
     assert cov["largest_gap_after_step"] == TRAIN_STEPS - 1  # after the eval pass that followed it
-    assert f"after train step {TRAIN_STEPS - 1}" in coverage_line(summary)
+    assert f"after train step {TRAIN_STEPS - 1}" in coverage_line(Run.from_dict(summary).coverage)
 
 
 def test_the_flop_count_step_is_named_and_left_out_of_step_times(run):

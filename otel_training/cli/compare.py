@@ -3,20 +3,8 @@
 A and B are summary files (several ranks: comma-separated, or a quoted glob) or,
 with ``--prometheus URL``, two runs (``training_run_id``, job or label matchers).
 Per phase, step time, throughput and verdict, A vs B with deltas; overall
-``improvement``, ``regression`` or ``inconclusive`` (with the noise), judged against
-run-to-run noise:
-
-- each run's noise comes from the run itself: its windows of steps (the summary's
-  time series, or Prometheus' windows), ranks merged, are cut into ``BLOCKS``
-  consecutive blocks of about equal step count; the standard error of the run's
-  mean is the block means' standard deviation over sqrt(blocks) (batch means:
-  neighbouring steps are correlated, blocks much less);
-- a change counts when it exceeds both ``Z`` times the two runs' combined standard
-  error and a floor (``--threshold``, default 5%): identical runs on one machine
-  differ by a few percent (load, clocks, caches) that no single run's spread shows.
-
-The step time is compared per step; when the batch size changed (samples per step
-differ by more than 1%), per sample instead.
+``improvement``, ``regression`` or ``inconclusive``, judged against each run's own
+noise (``--threshold``: the floor; the model: :mod:`otel_training.report.compare`).
 
 ``--fail-on-regression PCT`` makes it a CI gate: exit status 1 when B's step time is
 worse than A's by more than PCT percent and by more than ``Z`` times the combined
@@ -35,7 +23,6 @@ from otel_training.report.compare import FLOOR, Z, compare, gate, render
 from otel_training.report.sources import ReportError, summary_paths
 
 
-# ---------------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="otel-training compare",

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from otel_training.report.build import build_report
+from otel_training.report.build import build_report, report_json
 from otel_training.report.sources import ReportError
 
 __all__ = ["main", "build_report", "ReportError"]
@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"otel-training report: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        out = dict(report, findings=[f.to_dict() for f in report["findings"]])
-        json.dump(out, sys.stdout, indent=1, default=str)
+        json.dump(report_json(report), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
         from otel_training.report.text import render

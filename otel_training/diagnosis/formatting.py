@@ -5,14 +5,18 @@ from __future__ import annotations
 BAR = 20
 
 
-def share_pct(x: float | None) -> str:
-    """``12.3%``; ``-`` for none."""
-    return "-" if x is None else f"{100 * x:.1f}%"
+def share_pct(x: float | None, sign: bool = False) -> str:
+    """``12.3%`` (``sign``: ``+12.3%``); ``-`` for none."""
+    if x is None:
+        return "-"
+    return f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%"
 
 
-def ms(x: float | None) -> str:
-    """Seconds as milliseconds, ``12.3``; ``-`` for none."""
-    return "-" if x is None else f"{1e3 * x:.1f}"
+def ms(x: float | None, unit: bool = False) -> str:
+    """Seconds as milliseconds, ``12.3`` (``unit``: ``1,234.5 ms``); ``-`` for none."""
+    if x is None:
+        return "-"
+    return f"{1e3 * x:,.1f} ms" if unit else f"{1e3 * x:.1f}"
 
 
 def table(headers: list[str], rows: list[list[str]], right: set, indent: str = "  ") -> list[str]:

@@ -33,7 +33,7 @@ def render_summary(summary: Run | dict) -> str:
             head += f", {m.tokens_per_s:,.0f} tokens/s"
         lines.append(head)
         if m.flops is not None:
-            lines.append("  " + compute_text(m.flops.to_dict()))
+            lines.append("  " + compute_text(m.flops))
         lines.append(f"  {'phase':<28}{'mean ms':>10}{'total s':>10}{'share':>8}")
         idle = m.gpu_idle_s
         top = [p for p in m.phases if p.parent == sc.SPAN_STEP]
@@ -52,7 +52,7 @@ def render_summary(summary: Run | dict) -> str:
     summary = run.to_dict()  # (what the verdict and the goodput text read)
     if run.memory is not None:
         lines.append("  " + memory_text(run.memory.to_dict()))
-    coverage = coverage_line(summary)
+    coverage = coverage_line(run.coverage)
     if coverage:
         lines.append(coverage)
     for finding in run.self_check or ():

@@ -96,7 +96,9 @@ def own_work_parts(phases: list[tuple[str, str, float]]) -> tuple[float, dict[st
     return waits, parts
 
 
-def _slowest(ranks: list[dict], key) -> tuple:
+def slowest(ranks: list[dict], key) -> tuple:
+    """``(slowest rank, its key over the others' median, its excess over that median)``
+    (a ratio of 0.0 where the median is 0); ``ranks``: two or more."""
     slow = max(ranks, key=key)
     med = median(key(r) for r in ranks if r is not slow)
     return slow, (key(slow) / med if med else 0.0), key(slow) - med
@@ -119,12 +121,12 @@ def straggler_findings(ranks: list[dict]) -> list[Finding]:
     timed = [r for r in ranks if r.get("step_mean_s")]
     if len(timed) < 2:
         return []
-    slow, ratio, excess = _slowest(timed, lambda r: r["step_mean_s"])
+    slow, ratio, excess = slowest(timed, lambda r: r["step_mean_s"])
     by_own = ratio < STRAGGLER_RATIO
     if by_own:
         # Synchronized ranks (DDP) all take the same step time: the straggler shows in
         # its own work, outside the phases where the others wait for it.
-        slow, ratio, excess = _slowest(timed, own_work)
+        slow, ratio, excess = slowest(timed, own_work)
         if ratio < STRAGGLER_RATIO or excess < STRAGGLER_EXCESS * slow["step_mean_s"]:
             return []
     others = [r for r in timed if r is not slow]

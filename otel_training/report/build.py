@@ -45,3 +45,8 @@ def diagnosed(report: dict, wanted: str | None = None) -> dict:
         )
     )
     return report
+
+
+def report_json(report: dict) -> dict:
+    """What ``otel-training report --json`` prints: the report, its findings as dicts."""
+    return dict(report, findings=[f.to_dict() for f in report["findings"]])

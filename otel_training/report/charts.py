@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from otel_training import semconv as sc
 from otel_training.report.series import MAX_POINTS, mode_names
+from otel_training.report.text import top_phases
 
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
 _FIXED = {
@@ -212,15 +213,6 @@ def _line(cid: str, title: str, bins: list[int], grid: Grid, series: list[dict],
         "unit": unit,
         "series": series,
     }
-
-
-def by_size(pa: dict, pb: dict) -> list[str]:
-    """Phase names of two runs, the largest (ms per step in either) first."""
-    return sorted(set(pa) | set(pb), key=lambda n: -max(pa.get(n, {}).get("mean_s", 0), pb.get(n, {}).get("mean_s", 0)))
-
-
-def top_phases(mode: dict) -> list[dict]:
-    return sorted((p for p in mode.get("phases") or () if p["parent"] == sc.SPAN_STEP), key=lambda p: -p["share"])
 
 
 def _breakdown(cid: str, report: dict, mode: str, colors: Colors) -> dict | None:

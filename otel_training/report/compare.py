@@ -21,8 +21,10 @@ import math
 from statistics import stdev
 from typing import Any
 
-from otel_training.report.charts import Grid, by_size, top_phases
+from otel_training.diagnosis.formatting import ms, share_pct, table
+from otel_training.report.charts import Grid
 from otel_training.report.sources import ReportError
+from otel_training.report.text import by_size, top_phases
 
 BLOCKS = 8
 Z = 3.0
@@ -150,18 +152,8 @@ def _who(report: dict) -> dict:
     return {"run": report.get("run"), "source": report.get("source"), "from": src, "range": report.get("range")}
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.1f}"
-
-
-def _pct(x: float | None, sign: bool = True) -> str:
-    return "-" if x is None else (f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%")
-
-
 def render(c: dict) -> str:
     """The comparison as text."""
-    from otel_training.diagnosis.formatting import table
-
     s, t = c["step"], c["throughput"]
     per = "sample" if s["per"] == "sample" else "step"
     lines = [
@@ -173,16 +165,16 @@ def render(c: dict) -> str:
     rows = [
         [
             f"time per {per} ms",
-            _ms(s["a"]),
-            _ms(s["b"]),
-            f"{s['delta'] * 1e3:+.1f} ms ({_pct(s['delta_rel'])})",
+            ms(s["a"]),
+            ms(s["b"]),
+            f"{s['delta'] * 1e3:+.1f} ms ({share_pct(s['delta_rel'], sign=True)})",
             s["change"],
         ],
         [
             "throughput samples/s",
             f"{t['a']:,.1f}",
             f"{t['b']:,.1f}",
-            f"{t['delta']:+,.1f} ({_pct(t['delta_rel'])})",
+            f"{t['delta']:+,.1f} ({share_pct(t['delta_rel'], sign=True)})",
             "",
         ],
     ]
@@ -191,11 +183,11 @@ def render(c: dict) -> str:
     prow = [
         [
             p["name"],
-            _ms(p["a"]),
-            _ms(p["b"]),
+            ms(p["a"]),
+            ms(p["b"]),
             f"{p['delta'] * 1e3:+.1f}",
-            _pct(p["share_a"], False),
-            _pct(p["share_b"], False),
+            share_pct(p["share_a"]),
+            share_pct(p["share_b"]),
             "" if p["change"] == INCONCLUSIVE else p["change"],
         ]
         for p in c["phases"]
@@ -209,12 +201,13 @@ def render(c: dict) -> str:
 
     lines.extend(compare_lines(c))
     lines.append("")
-    noise = "unknown (runs too short)" if s["noise"] is None else f"±{_pct(s['noise'] / s['a'], False)}"
-    head = f"result: {c['result']}: time per {per} {_ms(s['a'])} -> {_ms(s['b'])} ms ({_pct(s['delta_rel'])}; "
-    head += f"noise {noise}, threshold ±{_pct(s['threshold'] / s['a'], False)}"
+    noise = "unknown (runs too short)" if s["noise"] is None else f"±{share_pct(s['noise'] / s['a'])}"
+    delta = share_pct(s["delta_rel"], sign=True)
+    head = f"result: {c['result']}: time per {per} {ms(s['a'])} -> {ms(s['b'])} ms ({delta}; "
+    head += f"noise {noise}, threshold ±{share_pct(s['threshold'] / s['a'])}"
     if c["result"] == INCONCLUSIVE:
         noisy = s["noise"] is not None and Z * s["noise"] >= s["threshold"]
-        head += ": within the noise" if noisy else f": within the {_pct(s['threshold'] / s['a'], False)} floor"
+        head += ": within the noise" if noisy else f": within the {share_pct(s['threshold'] / s['a'])} floor"
     head += ")"
     if c["changed_phase"]:
         p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
@@ -245,8 +238,8 @@ def gate(c: dict, max_regression_pct: float) -> dict:
 
 def gate_line(g: dict) -> str:
     """``gate: fail: ...`` / ``gate: pass: ...``, the CI gate's one line."""
-    delta = f"time per step {_pct(g['delta_rel'])}"
-    noise = "noise unknown" if g["noise_rel"] is None else f"noise ±{_pct(g['noise_rel'], False)}"
+    delta = f"time per step {share_pct(g['delta_rel'], sign=True)}"
+    noise = "noise unknown" if g["noise_rel"] is None else f"noise ±{share_pct(g['noise_rel'])}"
     limit = f"{g['max_regression_pct']:g}%"
     if g["failed"]:
         why = f"worse by more than the allowed {limit}" + (

@@ -16,6 +16,7 @@ import time
 from importlib import resources
 
 from otel_training.diagnosis.finding import Finding
+from otel_training.diagnosis.formatting import ms, share_pct
 from otel_training.diagnosis.goodput_text import job_html  # the goodput bar
 from otel_training.diagnosis.words import plural, timing_words
 from otel_training.report.charts import Colors, compare_charts, run_charts
@@ -31,10 +32,6 @@ def _asset(name: str) -> str:
 
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:,.1f} ms"
 
 
 def _when(rng: dict | None) -> str:
@@ -57,13 +54,13 @@ def _cards(report: dict) -> str:
         m = report["modes"][mode]
         items = [
             (f"{m['steps']:,}", f"{mode} step" + ("" if m["steps"] == 1 else "s")),
-            (_ms(m.get("step_mean_s")), "mean step"),
-            (_ms(m.get("step_p50_s")) if m.get("step_p50_s") else "-", "p50 step"),
-            (_ms(m.get("step_p90_s")) if m.get("step_p90_s") else "-", "p90 step"),
+            (ms(m.get("step_mean_s"), unit=True), "mean step"),
+            (ms(m.get("step_p50_s"), unit=True) if m.get("step_p50_s") else "-", "p50 step"),
+            (ms(m.get("step_p90_s"), unit=True) if m.get("step_p90_s") else "-", "p90 step"),
             (f"{m['throughput_sps']:,.1f}", "samples/s"),
         ]
         if m.get("gpu_idle_share") is not None:
-            items.append((f"{100 * m['gpu_idle_share']:.1f}%", "GPU idle"))
+            items.append((share_pct(m["gpu_idle_share"]), "GPU idle"))
         out.append(
             '<div class="cards">'
             + "".join(f"<div class=card><b>{_e(v)}</b><span>{_e(k)}</span></div>" for v, k in items)
@@ -72,7 +69,7 @@ def _cards(report: dict) -> str:
     gpu = report.get("gpu_utilization")
     if gpu:
         out.append(
-            f'<p class="meta">GPU utilization: mean {100 * gpu["mean"]:.1f}%, lowest {100 * gpu["min"]:.1f}%</p>'
+            f'<p class="meta">GPU utilization: mean {share_pct(gpu["mean"])}, lowest {share_pct(gpu["min"])}</p>'
         )
     from otel_training.report.text import render_coverage
 
@@ -86,7 +83,7 @@ def _findings(findings: list[Finding]) -> str:
         return ""
     items = []
     for f in findings[:6]:
-        share = f" ({100 * f.score:.1f}% of step time)" if f.score else ""
+        share = f" ({share_pct(f.score)} of step time)" if f.score else ""
         advice = "".join(f"<li>{_e(a)}</li>" for a in f.advice)
         items.append(
             f'<li><span class="sev {_e(f.severity)}">{_e(f.severity)}</span><b>{_e(f.title)}</b>{_e(share)}'
@@ -126,13 +123,14 @@ def _compare_section(c: dict, charts: list[dict]) -> str:
     s = c["step"]
     cls = c["result"].replace(" ", "-")
     per = s["per"]
-    head = f"{c['result']}: time per {per} {_ms(s['a'])} → {_ms(s['b'])} ({100 * (s['delta_rel'] or 0):+.1f}%)"
+    delta = share_pct(s["delta_rel"] or 0, sign=True)
+    head = f"{c['result']}: time per {per} {ms(s['a'], unit=True)} → {ms(s['b'], unit=True)} ({delta})"
     if c.get("changed_phase"):
         p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
         head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
-    noise = "unknown" if s["noise"] is None else f"±{100 * s['noise'] / s['a']:.1f}%"
+    noise = "unknown" if s["noise"] is None else f"±{share_pct(s['noise'] / s['a'])}"
     rows = [
-        f"<tr><td>time per {per}</td><td>{_ms(s['a'])}</td><td>{_ms(s['b'])}</td>"
+        f"<tr><td>time per {per}</td><td>{ms(s['a'], unit=True)}</td><td>{ms(s['b'], unit=True)}</td>"
         f"<td>{s['delta'] * 1e3:+.1f} ms</td><td></td><td></td><td class='{cls}'>{_e(s['change'])}</td></tr>"
     ]
     t = c["throughput"]
@@ -143,9 +141,9 @@ def _compare_section(c: dict, charts: list[dict]) -> str:
     for p in c["phases"]:
         change = "" if p["change"] == "inconclusive" else p["change"]
         rows.append(
-            f"<tr><td>{_e(p['name'])}</td><td>{_ms(p['a'])}</td><td>{_ms(p['b'])}</td>"
+            f"<tr><td>{_e(p['name'])}</td><td>{ms(p['a'], unit=True)}</td><td>{ms(p['b'], unit=True)}</td>"
             f"<td>{p['delta'] * 1e3:+.1f} ms</td>"
-            f"<td>{100 * p['share_a']:.1f}%</td><td>{100 * p['share_b']:.1f}%</td>"
+            f"<td>{share_pct(p['share_a'])}</td><td>{share_pct(p['share_b'])}</td>"
             f"<td class='{change}'>{_e(change)}</td></tr>"
         )
     verdicts = "".join(
@@ -155,7 +153,7 @@ def _compare_section(c: dict, charts: list[dict]) -> str:
     blocks = "".join(f'<div class="chart" data-chart="{_e(ch["id"])}"></div>' for ch in charts)
     return (
         f'<section><h2>A vs B ({_e(c["mode"])} steps)</h2><div class="verdict {cls}"><b>{_e(head)}</b><br>'
-        f"noise {noise}, threshold ±{100 * s['threshold'] / s['a']:.1f}% ({_e(c['noise_model'])})</div>"
+        f"noise {noise}, threshold ±{share_pct(s['threshold'] / s['a'])} ({_e(c['noise_model'])})</div>"
         "<table><tr><th></th><th>A</th><th>B</th><th>delta</th><th>A share</th><th>B share</th><th></th></tr>"
         + "".join(rows)
         + f"</table><h3>Verdicts</h3><ul>{verdicts}</ul><div class=charts>{blocks}</div></section>"

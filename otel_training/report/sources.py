@@ -20,8 +20,6 @@ from otel_training import semconv as sc
 from otel_training.aggregate.run_model import SCHEMA, Mode, Run, SummaryError
 from otel_training.diagnosis.verdict_ranks import own_work_parts
 
-SUMMARY_SCHEMA = SCHEMA  # (the name this module gave it)
-
 
 class ReportError(Exception):
     """A problem the user must fix (bad file, unreachable server, unknown run)."""

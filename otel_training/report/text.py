@@ -4,22 +4,32 @@ memory, coverage, telemetry problems and the findings."""
 from __future__ import annotations
 
 import time
-from statistics import median
 
 from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
-from otel_training.aggregate.run_model import CheckFinding
+from otel_training.aggregate.run_model import CheckFinding, Coverage, Flops
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
 from otel_training.diagnosis.formatting import bar, ms, share_pct, table
 from otel_training.diagnosis.goodput_text import report_lines
 from otel_training.diagnosis.measures_text import compute_text, memory_text, named_text
+from otel_training.diagnosis.verdict_ranks import own_work, slowest
 from otel_training.diagnosis.words import plural, timing_words
+
+
+def top_phases(mode: dict) -> list[dict]:
+    """A mode's top-level phases (children of the step), the largest share first."""
+    return sorted((p for p in mode.get("phases") or () if p["parent"] == sc.SPAN_STEP), key=lambda p: -p["share"])
+
+
+def by_size(pa: dict, pb: dict) -> list[str]:
+    """Phase names of two runs, the largest (ms per step in either) first."""
+    return sorted(set(pa) | set(pb), key=lambda n: -max(pa.get(n, {}).get("mean_s", 0), pb.get(n, {}).get("mean_s", 0)))
 
 
 def _ordered_phases(phases: list[dict]) -> list[dict]:
     """Top-level phases by share, each followed by its children (indented)."""
-    top = sorted((p for p in phases if p["parent"] == sc.SPAN_STEP), key=lambda p: -p["share"])
+    top = top_phases({"phases": phases})
     out, seen = [], set()
 
     def add(p, depth):
@@ -59,7 +69,7 @@ def render_mode(mode: str, m: dict) -> list[str]:
         )
     lines = [head] + table(["phase", "parent", "total s", "ms/step", "share", ""], rows, {2, 3, 4})
     if m.get("flops"):
-        lines.append("  " + compute_text(m["flops"]))
+        lines.append("  " + compute_text(Flops.from_dict(m["flops"], "flops")))
     idle = m.get("gpu_idle_s") or {}
     if m.get("gpu_idle_share") is not None and m["step_time_s"]:
         parts = ", ".join(
@@ -111,21 +121,18 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
     )
     means = [r["step_mean_s"] for r in rows if r["step_mean_s"]]
     if means:
-        slow = max(rows, key=lambda r: r["step_mean_s"])
-        med = median([r["step_mean_s"] for r in rows if r is not slow] or means)
+        slow, ratio, _ = slowest(rows, lambda r: r["step_mean_s"])
         lines.append(
             f"  spread: slowest rank {slow.get('rank')} ({slow.get('host')}) "
             f"{slow['step_mean_s'] / min(means):.2f}x the fastest, "
-            f"{slow['step_mean_s'] / med:.2f}x the others' median"
+            f"{ratio:.2f}x the others' median"
         )
     if waits:
-        own = {id(r): max(0.0, r["step_mean_s"] - r["wait_mean_s"]) for r in rows}
-        slow = max(rows, key=lambda r: own[id(r)])
-        med = median([own[id(r)] for r in rows if r is not slow])
-        if med:
+        slow, ratio, _ = slowest(rows, own_work)
+        if ratio:
             lines.append(
                 f"  own work (step minus waits in communication and reduce_metrics): most on rank "
-                f"{slow.get('rank')} ({slow.get('host')}), {own[id(slow)] / med:.2f}x the others' median"
+                f"{slow.get('rank')} ({slow.get('host')}), {ratio:.2f}x the others' median"
             )
     return lines
 
@@ -138,7 +145,7 @@ def render_coverage(report: dict) -> list[str]:
         who = f"rank {c['rank']} " if len(ranks) > 1 and c.get("rank") is not None else ""
         line = (
             f"coverage: {who}{share_pct(c.get('share'))} of the training loop's {c.get('loop_s', 0):.1f} s "
-            "is inside steps" + named_text(c)
+            "is inside steps" + named_text(Coverage.from_dict(c, "coverage"))
         )
         if c.get("gaps"):
             line += (
@@ -176,11 +183,7 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
     lines.extend(render_gpus(report))
     if mode:
         rows = (report.get("ranks") or {}).get(mode) or []
-        top = [
-            p["name"]
-            for p in sorted(report["modes"][mode]["phases"], key=lambda p: -p["share"])
-            if p["parent"] == sc.SPAN_STEP
-        ][:3]
+        top = [p["name"] for p in top_phases(report["modes"][mode])][:3]
         rk = render_ranks(mode, rows, top)
         if rk:
             lines.append("")
