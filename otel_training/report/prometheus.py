@@ -106,7 +106,7 @@ def _api_error(body: bytes) -> str | None:
         return None
 
 
-_RANK_LABELS = ("instance", "host_name", "training_rank")
+RANK_LABELS = ("instance", "host_name", "training_rank")  # the labels of one process
 
 
 def _series(labels: dict) -> tuple:
@@ -169,7 +169,7 @@ class PrometheusReport:
 
     def collect(self, run: str | None) -> dict:
         sel = self.resolve(run)
-        rk = _RANK_LABELS
+        rk = RANK_LABELS
         mk = ("training_mode",)
         st = self._deltas("training_step_duration_seconds_sum", sel, rk + mk)
         sn = self._deltas("training_step_duration_seconds_count", sel, rk + mk)
@@ -229,7 +229,7 @@ class PrometheusReport:
             "memory": self._memory(sel),
             # per process, the wall time by activity over the range (diagnosis/goodput_text.py)
             "job": jobs_from_deltas(
-                self._deltas("training_job_time_seconds_total", sel, _RANK_LABELS + ("training_activity",))
+                self._deltas("training_job_time_seconds_total", sel, RANK_LABELS + ("training_activity",))
             ),
         }
 
@@ -240,7 +240,7 @@ class PrometheusReport:
 
     def _memory(self, sel: str) -> list[dict]:
         """Per process: the highest per-step peaks and the last step-end memory."""
-        rk = _RANK_LABELS
+        rk = RANK_LABELS
         peak = self._over_time("max", "training_memory_peak_allocated_bytes", sel, rk)
         reserved = self._over_time("max", "training_memory_peak_reserved_bytes", sel, rk)
         allocated = self._over_time("last", "training_memory_allocated_bytes", sel, rk)

@@ -14,11 +14,10 @@ import math
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.report.prometheus import Prometheus
+from otel_training.report.prometheus import RANK_LABELS, Prometheus
 from otel_training.report.sources import ReportError
 
 MAX_POINTS = 120  # windows per chart line
-_RANK = ("instance", "host_name", "training_rank")
 
 
 def _rank_int(label: str | None) -> int | None:
@@ -58,7 +57,7 @@ class PrometheusSeries:
 
     def collect(self, sel: str, hosts: list[str]) -> dict:
         """``{"ranks": [{rank, host, modes: {mode: columns}}], "gpus": {...}}``."""
-        by = _RANK + ("training_mode",)
+        by = RANK_LABELS + ("training_mode",)
         counts = self._increases("training_step_duration_seconds_count", sel, by)
         sums = self._increases("training_step_duration_seconds_sum", sel, by)
         samples = self._increases("training_samples_total", sel, by)
