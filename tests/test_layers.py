@@ -205,3 +205,194 @@ def test_only_the_commands_import_the_report():
     )
     assert not readers, "imports of the report from outside the commands:\n" + "\n".join(readers)
 
+
+# -- ownership: the recorder's shared objects are written by their owners only ------------
+# Another part asks the owner through a method named for what happens
+# (``phases.open_container(at)``, ``step.backward_ran(...)``). Owners: the class's module,
+# and for the open step's marks and phases the ``PhaseStack`` that records them.
+OWNERS: dict[tuple[str, str], set[str]] = {
+    ("record/phase_stack.py", "PhaseStack"): {"record/phase_stack.py"},
+    ("record/timeline.py", "StepTimeline"): {"record/timeline.py", "record/phase_stack.py"},
+    ("record/timeline.py", "BetweenSteps"): {"record/timeline.py"},
+}
+# Written outside the owners on purpose: (module, field) and why.
+ALLOWED = {
+    ("record/repeats.py", "marks"): "the repeat mode appends a repeated piece's marks in place: a method call "
+    "at each of a step's boundaries costs more than the mode saves (benchmarks/opcodes.py)",
+}
+# Calls that change the container they are called on.
+MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "add", "discard"}
+
+
+def _fields(path: str, cls: str) -> set[str]:
+    """``cls``'s attributes: its ``__slots__`` and what its methods assign on ``self``."""
+    tree = ast.parse((PACKAGE / path).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    out: set[str] = set()
+    for item in ast.walk(node):
+        if isinstance(item, ast.Assign) and any(getattr(t, "id", None) == "__slots__" for t in item.targets):
+            out |= {e.value for e in ast.walk(item.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        for target, _ in _targets(item):
+            if isinstance(target, ast.Attribute) and getattr(target.value, "id", None) == "self":
+                out.add(target.attr)
+    return out
+
+
+def _targets(node: ast.AST) -> list[tuple[ast.expr, bool]]:
+    """What ``node`` assigns to, tuples unpacked: (target, whether an item of it is
+    assigned), a subscript down to its container."""
+    if isinstance(node, ast.Assign):
+        raw = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        raw = list(node.targets) if isinstance(node, ast.Delete) else [node.target]
+    else:
+        return []
+    out = []
+    while raw:
+        t = raw.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            raw += t.elts
+        elif isinstance(t, ast.Starred):
+            raw.append(t.value)
+        else:
+            item = isinstance(t, ast.Subscript)
+            while isinstance(t, ast.Subscript):
+                t = t.value
+            out.append((t, item or isinstance(node, ast.AugAssign)))
+    return out
+
+
+def _foreign(expr: ast.expr, fields: set[str]) -> str | None:
+    """``expr`` as text when it is ``<something other than self>.<a field>``."""
+    if isinstance(expr, ast.Attribute) and expr.attr in fields:
+        if not (isinstance(expr.value, ast.Name) and expr.value.id in ("self", "cls")):
+            return ast.unparse(expr)
+    return None
+
+
+def _own_nodes(function: ast.AST):
+    """The nodes of ``function``'s body, not those of functions defined inside it."""
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += ast.iter_child_nodes(node)
+
+
+def _mutated(node: ast.AST) -> ast.expr | None:
+    """What a mutating method call (``x.append(...)``) is called on."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+        return node.func.value
+    return None
+
+
+def _writes(text: str, fields: set[str]) -> list[tuple[int, str]]:
+    """(line, what) of each write to one of ``fields`` on another object: assignments
+    (plain, augmented, annotated, ``del``, of an item), mutating calls
+    (``x.marks.append(...)``), and those through a local name bound to such a field
+    in the same function (``marks = step.marks; marks.append(...)``)."""
+    tree = ast.parse(text)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        for target, _ in _targets(node):
+            what = _foreign(target, fields)
+            if what is not None:
+                found.append((node.lineno, what))
+        what = _foreign(_mutated(node), fields) if _mutated(node) is not None else None
+        if what is not None:
+            found.append((node.lineno, f"{what}.{node.func.attr}()"))
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        aliases: set[str] = set()
+        for node in _own_nodes(function):  # local names bound to a field of another object
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    pairs = (
+                        zip(t.elts, node.value.elts)
+                        if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                        else [(t, node.value)]
+                    )
+                    aliases |= {a.id for a, v in pairs if isinstance(a, ast.Name) and _foreign(v, fields)}
+        if not aliases:
+            continue
+        for node in _own_nodes(function):
+            for target, item in _targets(node):
+                if item and isinstance(target, ast.Name) and target.id in aliases:
+                    found.append((node.lineno, target.id))
+            owner = _mutated(node)
+            if isinstance(owner, ast.Name) and owner.id in aliases:
+                found.append((node.lineno, f"{owner.id}.{node.func.attr}()"))
+    return sorted(set(found))
+
+
+def _reaches(path: str, text: str) -> bool:
+    """Whether a module can hold the recorder's objects: the recorder, the wiring and
+    the entry points, and any other module that names one of the classes (the
+    pipeline's intake). The layers above hand each other finished records."""
+    top = path.split("/")[0]
+    return top in ("record", "runtime", "integrations") or "/" not in path or any(c in text for _, c in OWNERS)
+
+
+def _foreign_writes() -> list[str]:
+    fields = {key: _fields(*key) for key in OWNERS}
+    out = []
+    for name, path in MODULES.items():
+        rel = str(path.relative_to(PACKAGE))
+        text = path.read_text()
+        if not _reaches(rel, text):
+            continue
+        owned = set().union(*(fields[key] for key, owners in OWNERS.items() if rel in owners))
+        # (a name two classes share is left to the module owning one of them)
+        forbidden = set().union(*(fields[key] for key, owners in OWNERS.items() if rel not in owners)) - owned
+        forbidden -= {field for module, field in ALLOWED if module == rel}
+        out += [f"otel_training/{rel}:{line}: {what}" for line, what in _writes(text, forbidden)]
+    return out
+
+
+def test_the_recorders_objects_are_written_by_their_owners():
+    writes = _foreign_writes()
+    assert not writes, (
+        "fields of PhaseStack, StepTimeline or BetweenSteps written outside their owners "
+        "(give the owner a method for it):\n" + "\n".join(writes)
+    )
+
+
+def test_the_owned_fields_are_read_from_the_classes():
+    assert {"step", "stack", "batch", "closures", "after_step"} <= _fields("record/phase_stack.py", "PhaseStack")
+    assert {"marks", "saw_backward", "batch_size", "layout_id"} <= _fields("record/timeline.py", "StepTimeline")
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "def f(t):\n    t.phases.step.saw_backward = True\n",
+        "def f(phases):\n    phases.closures += 1\n",
+        "def f(step):\n    step.batch_size, step.token_count = 1, 2\n",
+        "def f(step):\n    del step.marks[1:]\n",
+        "def f(step):\n    step.marks[0] = 5\n",
+        "def f(self):\n    self._phases.step.marks.append(0)\n",
+        "def f(phases):\n    stack = phases.stack\n    stack.append(None)\n",
+        "def f(step):\n    marks, n = step.marks, 0\n    marks += [n]\n",
+    ],
+)
+def test_a_write_outside_the_owners_is_found(planted):
+    """The check itself: each planted write is reported at its line."""
+    fields = _fields("record/phase_stack.py", "PhaseStack") | _fields("record/timeline.py", "StepTimeline")
+    found = _writes(planted, fields)
+    assert found and found[0][0] == len(planted.splitlines()), found
+
+
+@pytest.mark.parametrize(
+    "allowed",
+    [
+        "def f(self):\n    self.marks = []\n",  # a class's own field of that name
+        "def f(step):\n    marks = step.marks\n    return len(marks)\n",  # a read
+        "def f(step):\n    marks = step.marks\n    marks = []\n",  # the name rebound
+        "def f(step):\n    return step.phases.count(None)\n",
+    ],
+)
+def test_reads_and_own_fields_are_no_write(allowed):
+    fields = _fields("record/timeline.py", "StepTimeline")
+    assert _writes(allowed, fields) == []

@@ -179,26 +179,20 @@ class SentLayouts:
         marks = step.marks
         if len(marks) < 2:
             return  # the resolver skips such a step: it makes no layout
-        # A queued step is only read from now on. Its marks become a tuple of ints,
-        # which the collector untracks at its first pass instead of promoting it;
-        # empty lists give way to the empty tuple, and the optimizers' ids (the
-        # assembler's, done with) go: one tracked object a queued step, the step
-        # itself, where there were five (docs/performance.md).
-        step.marks = tuple(marks)  # type: ignore[assignment]
-        if not step.tokens:
-            step.tokens = ()  # type: ignore[assignment]
-        step.optimizers = None
+        # A queued step is only read from now on: it sheds what the collector would track.
         if step.layout_id is not None:  # a repeated piece (record/repeats.py): its number, no records
-            step.phases = ()  # type: ignore[assignment]
+            step.shed(step.layout_id, True)
             return
         ids = self._ids[step.saw_backward or step.saw_optimizer]
         key = tuple(map(_LAYOUT_KEY, phases))
         number = ids.get(key)
         if number is not None:
-            step.layout_id = number
-            step.phases = ()  # type: ignore[assignment]
+            step.shed(number, True)
         elif len(ids) < _MAX_LAYOUTS:
-            step.layout_id = ids[key] = len(ids)
+            number = ids[key] = len(ids)
+            step.shed(number, False)
+        else:
+            step.shed(None, False)
 
 
 class Resolver:

@@ -86,7 +86,7 @@ class Integration:
             t = self.bridge.tracker()
             step = getattr(t, "step", None)
             if step is not None and isinstance(result, tuple) and isinstance(result[0], list):
-                step.microbatches = len(result[0]) or None  # the Trainer's own count
+                step.count_microbatches(len(result[0]) or None)  # the Trainer's own count
                 set_micro_batches(result[0], step)
         except Exception as exc:
             self.bridge.error(exc)

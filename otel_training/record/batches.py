@@ -73,9 +73,9 @@ def read_batch(batch: Any, step: Any) -> None:
             for item in batch:
                 shape = getattr(item, "shape", None)
                 if shape is not None and len(shape):
-                    step.batch_size = int(shape[0])
+                    step.count_samples(int(shape[0]))
                     if len(shape) == 2 and item.dtype in (_ints or _int_dtypes()):
-                        step.token_count = int(shape[0]) * int(shape[1])
+                        step.count_tokens(int(shape[0]) * int(shape[1]))
                     return
         elif isinstance(batch, Mapping):
             _read_mapping(batch, step)
@@ -83,15 +83,15 @@ def read_batch(batch: Any, step: Any) -> None:
             shape = getattr(batch, "shape", None)
             if shape is not None:
                 if len(shape):
-                    step.batch_size = int(shape[0])
+                    step.count_samples(int(shape[0]))
                     if is_token_ids(batch):
-                        step.token_count = int(shape[0]) * int(shape[1])
+                        step.count_tokens(int(shape[0]) * int(shape[1]))
                 return
             fields = _dataclass_fields(batch)
             if fields is not None:
                 _read_mapping(fields, step)
             else:
-                step.batch_size = _object_size(batch)
+                step.count_samples(_object_size(batch))
     except Exception:
         return
 
@@ -121,6 +121,19 @@ class _Counts:
         self.token_count: int | None = None
         self.token_masks: list | None = None
 
+    # A micro-batch's counts, by StepTimeline's methods of the same names.
+    def count_samples(self, samples: int | None, add: bool = False) -> None:
+        self.batch_size = ((self.batch_size or 0) + samples) if add and samples is not None else samples
+
+    def count_tokens(self, tokens: int | None, add: bool = False) -> None:
+        self.token_count = ((self.token_count or 0) + tokens) if add and tokens is not None else tokens
+
+    def add_token_mask(self, mask: Any) -> None:
+        if self.token_masks is None:
+            self.token_masks = [mask]
+        else:
+            self.token_masks.append(mask)
+
 
 def set_micro_batches(batches: list, step: Any) -> None:
     """A framework's micro-batches of one step (the HF Trainer's ``get_batch_samples``):
@@ -131,12 +144,12 @@ def set_micro_batches(batches: list, step: Any) -> None:
         c = _Counts()
         read_batch(batch, c)
         counts.append(c)
+    batch_size = step.batch_size
     if counts and all(c.batch_size is not None for c in counts):
-        step.batch_size = sum(c.batch_size for c in counts)
+        batch_size = sum(c.batch_size for c in counts)
     masks = [m for c in counts for m in c.token_masks or ()]
     tokens = [c.token_count for c in counts if c.token_count is not None]
-    step.token_count = sum(tokens) if tokens else None
-    step.token_masks = masks or None
+    step.take_batch(batch_size, sum(tokens) if tokens else None, masks or None)
 
 
 def read_inputs(args: tuple, kwargs: dict | None, step: Any) -> None:
@@ -154,7 +167,7 @@ def read_inputs(args: tuple, kwargs: dict | None, step: Any) -> None:
                 _read_mapping(kwargs, step, add=True)
             return
         shape = first.shape
-        step.batch_size = (step.batch_size or 0) + int(shape[0])
+        step.count_samples(int(shape[0]), add=True)
         if is_token_ids(first):
             mask = kwargs.get("attention_mask") if kwargs else None
             _add_tokens(step, first, mask)
@@ -174,7 +187,7 @@ def _read_mapping(batch: Mapping, step: Any, add: bool = False) -> None:
     shape = getattr(ids, "shape", None)
     if shape is None or not len(shape):
         return
-    step.batch_size = ((step.batch_size or 0) if add else 0) + int(shape[0])
+    step.count_samples(int(shape[0]), add=add)
     if is_token_ids(ids):
         _add_tokens(step, ids, batch.get("attention_mask"))
 
@@ -183,13 +196,10 @@ def _add_tokens(step: Any, ids: Any, mask: Any) -> None:
     """Tokens of ``ids``: all its elements, or the mask's sum (deferred)."""
     if mask is not None and getattr(mask, "shape", None) == ids.shape:
         pending = mask if mask.device.type == "cpu" else mask.sum()  # launched, never waited for
-        if step.token_masks is None:
-            step.token_masks = [pending]
-        else:
-            step.token_masks.append(pending)
+        step.add_token_mask(pending)
         return
     shape = ids.shape
-    step.token_count = (step.token_count or 0) + int(shape[0]) * int(shape[1])
+    step.count_tokens(int(shape[0]) * int(shape[1]), add=True)
 
 
 def mask_tokens(masks: list) -> int | None:

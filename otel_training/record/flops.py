@@ -113,7 +113,7 @@ class FlopProbe:
         if not train:
             return
         if self._given is not None:
-            step.flops = FlopCount(self._given, self._peak or _table_peak("bf16"), None, None, SOURCE_GIVEN)
+            step.carry_flops(FlopCount(self._given, self._peak or _table_peak("bf16"), None, None, SOURCE_GIVEN))
             self._finish()
             return
         self._train_steps += 1
@@ -198,7 +198,7 @@ class FlopProbe:
         peak = self._peak if self._peak is not None else _table_peak(dtype, name)
         duration = step.marks[-1] - step.marks[0] if step.marks else 0
         cost = max(0.0, (duration - self._last_ns) / 1e9) if self._last_ns else None
-        step.flops = FlopCount(float(total), peak, dtype, name, SOURCE_MEASURED, step=step.index, cost_s=cost)
+        step.carry_flops(FlopCount(float(total), peak, dtype, name, SOURCE_MEASURED, step=step.index, cost_s=cost))
         self._finish()
 
     def _retry(self, why: str) -> None:

@@ -17,9 +17,9 @@ from otel_training import semconv as sc
 from otel_training.config import BOUNDARY_FORWARD
 from otel_training.record.batches import read_inputs
 from otel_training.record.events import DRIVER_DATALOADER, DRIVER_MANUAL, DRIVER_NONE
-from otel_training.record.phase_stack import BATCH, PhaseStack, grad_enabled
+from otel_training.record.phase_stack import PhaseStack, grad_enabled
 from otel_training.record.step_assembly import StepAssembler
-from otel_training.record.timeline import PhaseRecord, StepTimeline
+from otel_training.record.timeline import StepTimeline
 
 _FORWARD = sc.PHASE_FORWARD
 _BACKWARD = sc.PHASE_BACKWARD
@@ -83,11 +83,10 @@ class ForwardSteps:
                     # between): the same forward goes on -- one phase, no new mark.
                     # (A model -- the same RNN cell again, a critic after the actor, a
                     # value network after the env step -- is a forward of its own.)
-                    last.end = -1
-                    stack.append(last)
+                    phases.resume(last)
                     self._last_root = root
                     if not step.train_forward and self.grad_enabled() and getattr(root, "training", True):
-                        step.train_forward = True
+                        step.trained_forward()
                     return
             if top is not None and top.name == _BACKWARD:
                 return  # a checkpointed segment recomputed by the backward pass: part of it
@@ -104,23 +103,20 @@ class ForwardSteps:
             else:
                 self.open_outside()
             step = phases.step
-            phases.batch = phases.open(BATCH, True, 0)
+            phases.open_container(0)
             phases.open(_FORWARD, True, 0)
         elif phases.to_device_from >= 0 and not phases.stack:
-            rec = PhaseRecord(sc.PHASE_TO_DEVICE, sc.SPAN_STEP, phases.to_device_from, True)
-            rec.end = at = phases.mark()
-            step.phases.append(rec)
-            phases.to_device_from = -1
-            phases.batch = phases.open(BATCH, True, at)
+            at = phases.close_to_device()
+            phases.open_container(at)
             phases.open(_FORWARD, True, at)
         elif not phases.begin_phase(_FORWARD, auto=True):
             return
         self._forward_root = self._last_root = root
         if self._step_root is None:
             self._step_root = root
-        step.saw_forward = True
+        step.forward_ran()
         if not step.train_forward and self.grad_enabled() and getattr(root, "training", True):
-            step.train_forward = True
+            step.trained_forward()
 
     def open_outside(self) -> None:
         """A framework drives steps and none is open, yet its callback runs the model or

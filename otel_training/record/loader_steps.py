@@ -141,7 +141,7 @@ class LoaderSteps:
             read_batch(batch, step)
         self._fetched = step
         if not phases.stack:
-            phases.to_device_from = len(step.marks) - 1
+            phases.to_device_may_begin()
 
     def fetched(self, step: StepTimeline) -> None:
         """``step`` holds the last batch a loader handed out (a repeated piece)."""
@@ -165,7 +165,7 @@ class LoaderSteps:
         last = self._fetched
         if wrapped and step.batch_size is None and last is not None and last is not step:
             # The batch the loop hands out last was fetched by the piece before: its size.
-            step.batch_size, step.token_count, step.token_masks = last.batch_size, last.token_count, last.token_masks
+            step.take_batch(last.batch_size, last.token_count, last.token_masks)
 
     def loop_ended(self) -> None:
         """A watched wrapper's loop ended (its generator returned): the open piece ends

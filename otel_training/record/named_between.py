@@ -31,12 +31,11 @@ class NamedBetween:
         group = self._group
         if group is None:
             group = self._group = BetweenSteps()
-        times = group.times
-        times.append(self._phases.clock())
+        start = group.time(self._phases.clock())
         stack = self._stack
         outer = stack[-1] if stack else None
-        rec = PhaseRecord(name, outer.name if outer is not None else sc.MODE_BETWEEN, len(times) - 1, False, outer)
-        group.phases.append(rec)
+        rec = PhaseRecord(name, outer.name if outer is not None else sc.MODE_BETWEEN, start, False, outer)
+        group.add_phase(rec)
         stack.append(rec)
         return rec
 
@@ -47,16 +46,14 @@ class NamedBetween:
         group = self._group
         if group is None or rec not in stack:
             return
-        times = group.times
-        times.append(self._phases.clock())
-        end = len(times) - 1
+        end = group.time(self._phases.clock())
         while stack:
             top = stack.pop()
             top.end = end
             if top is rec:
                 break
-        if error is not None and group.error is None and not isinstance(error, (StopIteration, GeneratorExit)):
-            group.error = error
+        if error is not None and not isinstance(error, (StopIteration, GeneratorExit)):
+            group.fail(error)
         if not stack:
             self._group = None
             self._hand_on(group)

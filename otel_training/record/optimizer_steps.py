@@ -37,7 +37,7 @@ class OptimizerSteps:
         step = phases.step
         if step is None:
             return None
-        step.saw_optimizer = True
+        step.optimizer_began()
         return phases.stack[-1] if phases.begin_phase(sc.PHASE_OPTIMIZER_STEP, auto=True) else None
 
     def pre(self, optimizer: Any, frame: Any = None) -> None:
@@ -48,13 +48,7 @@ class OptimizerSteps:
         if step is None:
             self.unstepped += 1
             return
-        step.updates += 1
-        if len(self._alive) > 1:  # which ones stepped: does another join?
-            ids = step.optimizers
-            if ids is None:
-                step.optimizers = [id(optimizer)]
-            elif id(optimizer) not in ids:
-                ids.append(id(optimizer))
+        step.optimizer_stepped(id(optimizer), len(self._alive) > 1)  # several: does another join?
         pending = self.pending
         if pending and frame is not None:
             # A step that raised never runs its post-hooks: its frame is gone from
@@ -94,11 +88,11 @@ class OptimizerSteps:
                 return closure(*args, **kwargs)
             opt, rec, frame = pending[index]
             phases.end_record(rec)
-            phases.closures += 1
+            phases.closure_began()
             try:
                 return closure(*args, **kwargs)
             finally:
-                phases.closures -= 1
+                phases.closure_ended()
                 if index < len(pending) and pending[index][0] is opt:
                     pending[index] = (opt, steps.begin(), frame)
 

@@ -25,11 +25,17 @@ CHILDREN = frozenset(sc.BATCH_CHILDREN)  # phases that open inside the container
 class PhaseStack:
     """Marks and phase records of the step being recorded."""
 
-    def __init__(self, timer: DeviceTimer, sink: Callable[[StepTimeline], None], clock=time.perf_counter_ns) -> None:
+    def __init__(
+        self,
+        timer: DeviceTimer,
+        sink: Callable[[StepTimeline], None],
+        clock=time.perf_counter_ns,
+        memory: MemoryReader | None = None,
+    ) -> None:
         self.timer = timer
         self.sink = sink  # finished pieces go here (the StepAssembler's ``add``)
         self.after_step: Callable[[], None] | None = None  # called after each piece is handed on
-        self.memory: MemoryReader | None = None  # read at step ends, when due
+        self.memory = memory  # read at step ends, when due
         # Bound once: called at every boundary. A timer that does not override
         # mark() (host clocks only) always returns None: no tokens are kept at all.
         # One that is inert for now (``auto`` before the program initializes CUDA, as
@@ -91,6 +97,87 @@ class PhaseStack:
         after = self.after_step
         if after is not None:
             after()
+
+    def hand_on_repeated(
+        self, step: StepTimeline, now: int, flags: tuple, optimizers: tuple | None, layout: int | None
+    ) -> None:
+        """The repeat mode finished ``step`` at ``now`` from its template (``flags``, the
+        optimizers stepped, the layout's number: record/repeats.py): handed on as
+        ``close_step`` hands a piece on, and the next piece begins at the same instant."""
+        (
+            step.saw_backward,
+            step.saw_optimizer,
+            step.saw_forward,
+            step.train_forward,
+            step.backwards,
+            step.closure_backward,
+            step.updates,
+            step.skipped,
+            step.microbatches,
+        ) = flags
+        if optimizers is not None:
+            step.optimizers = list(optimizers)
+        step.layout_id = layout
+        self.step = None
+        memory = self.memory
+        if memory is not None and now >= memory.due:
+            step.memory = memory.read(now)
+        self.sink(step)
+        after = self.after_step
+        if after is not None:
+            after()
+        new = StepTimeline(-1, step.epoch, step.source)
+        new.marks.append(now)
+        self.step = new
+
+    def abandon(self) -> None:
+        """Forget the open piece (a forked child: its tokens belong to the parent's timer)."""
+        self.step = None
+
+    def restart_piece(self) -> None:
+        """The open piece starts over from its first mark, its phases unrecorded."""
+        self.step.phases.clear()
+        self.reset_piece()
+
+    def resume(self, rec: PhaseRecord) -> None:
+        """``rec`` (the last phase, ended at the last mark) goes on: open again, innermost."""
+        rec.end = -1
+        self.stack.append(rec)
+
+    def use_clock(self, clock: Callable[[], int]) -> Callable[[], int]:
+        """Read ``clock`` from now on; returns the one it replaces."""
+        previous, self.clock = self.clock, clock
+        return previous
+
+    def call_after_steps(self, after: Callable[[], None] | None) -> None:
+        """Call ``after`` once each piece is handed on (None: nothing)."""
+        self.after_step = after
+
+    def closure_began(self) -> None:
+        """An optimizer step's closure runs: the container holds the whole step."""
+        self.closures += 1
+
+    def closure_ended(self) -> None:
+        self.closures -= 1
+
+    def to_device_may_begin(self) -> None:
+        """A batch arrived with no phase open: a forward may follow a to_device window
+        that began at the last mark."""
+        self.to_device_from = len(self.step.marks) - 1
+
+    def open_container(self, at: int) -> PhaseRecord:
+        """Open the train/eval container at mark ``at``."""
+        rec = self.batch = self.open(BATCH, True, at)
+        return rec
+
+    def close_to_device(self) -> int:
+        """The pending to_device window ends now, as a phase of its own; the mark it ends at."""
+        step = self.step
+        rec = PhaseRecord(sc.PHASE_TO_DEVICE, _STEP, self.to_device_from, True)
+        rec.end = at = self.mark()
+        step.phases.append(rec)
+        self.to_device_from = -1
+        return at
 
     def discard(self) -> None:
         """Drop the open piece (its device tokens go back to the timer)."""

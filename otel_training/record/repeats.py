@@ -188,21 +188,7 @@ class Repeats:
             step = self._phases.step
             now = self._clock()
             step.marks.append(now)
-            (
-                step.saw_backward,
-                step.saw_optimizer,
-                step.saw_forward,
-                step.train_forward,
-                step.backwards,
-                step.closure_backward,
-                step.updates,
-                step.skipped,
-                step.microbatches,
-            ) = template.flags
-            if template.optimizers is not None:
-                step.optimizers = list(template.optimizers)
-            step.layout_id = template.layout_id
-            self._ended(step, now)
+            self._ended(step, now, template)
             self.i = 0
             self._log.clear()
             self._pieces += 1

@@ -73,6 +73,10 @@ class StepAssembler:
         """Hand finished steps to ``sink`` from now on (the FLOP probe leaves the path)."""
         self._sink = sink
 
+    def optimizer_created(self, optimizer: Any) -> None:
+        """An optimizer was constructed (held weakly: alive ones decide what a step is)."""
+        self.optimizers.add(optimizer)
+
     # -- what the tracker asks -----------------------------------------------------------
     def idle(self) -> bool:
         """Nothing held: a piece with its update is handed on as it is."""
@@ -105,7 +109,7 @@ class StepAssembler:
             return
         if not (piece.saw_forward or piece.saw_backward or piece.saw_optimizer):
             if piece.error is None:
-                self._prefix = piece if self._prefix is None else _absorb(self._prefix, piece)
+                self._prefix = piece if self._prefix is None else self._prefix.absorb(piece)
                 if piece.batch_size is not None:
                     self._prefix_batches += 1
                 return
@@ -124,7 +128,7 @@ class StepAssembler:
             self._emit_held()
             if self.per_backward:
                 pending, self._pending = self._pending, None
-                self._emit(piece if pending is None else _absorb(pending, piece))
+                self._emit(piece if pending is None else pending.absorb(piece))
             else:
                 self._hold_pending(piece)
         elif b == BOUNDARY_OPTIMIZER and piece.train_forward:
@@ -176,17 +180,17 @@ class StepAssembler:
         self._prefix_batches = 0
         batch_size, source, epoch = piece.batch_size, piece.source, piece.epoch
         tokens, masks = piece.token_count, piece.token_masks
-        merged = _absorb(prefix, piece)  # (sums the samples and tokens)
-        merged.source, merged.epoch = source, epoch
+        merged = prefix.absorb(piece)  # (sums the samples and tokens)
+        merged.continue_as(source, epoch)
         if piece.backwards + piece.closure_backward < fetched:
-            merged.batch_size, merged.token_count, merged.token_masks = batch_size, tokens, masks
+            merged.take_batch(batch_size, tokens, masks)
         return merged
 
     def _hold_pending(self, piece: StepTimeline) -> None:
         if self._pending is None:
             self._pending, self._pending_pieces = piece, 1
         else:
-            self._pending = _absorb(self._pending, piece)
+            self._pending = self._pending.absorb(piece)
             self._pending_pieces += 1
         if self._pending_pieces >= MAX_PIECES:
             self._resolve()
@@ -197,13 +201,13 @@ class StepAssembler:
         if held is not None:
             self._held = None
             if self._pending is None and _disjoint(held.optimizers, piece.optimizers):
-                piece = _absorb(held, piece)  # another optimizer of the same iteration
+                piece = held.absorb(piece)  # another optimizer of the same iteration
             else:
                 self._emit(held)
         pending = self._pending
         if pending is not None:
             self._pending = None
-            piece = _absorb(pending, piece)
+            piece = pending.absorb(piece)
         ids = piece.optimizers
         if ids is not None and len(ids) < len(self.alive):
             self._held = piece  # the next piece tells whether another optimizer joins
@@ -230,12 +234,11 @@ class StepAssembler:
         # A train step's number is the train steps before it (the global step at its
         # start, as frameworks count it); an eval step's, the eval steps before it.
         train = self._train
-        step.train_before = train
         if step.saw_backward or step.saw_optimizer:
-            step.index = train
+            step.number(train, train)
             self._train = train + 1
         else:
-            step.index = self._eval
+            step.number(self._eval, train)
             self._eval += 1
         self._next += 1
         if self._waiting:  # named time that began before this step goes first
@@ -256,59 +259,3 @@ class StepAssembler:
 
 def _disjoint(a: list | None, b: list | None) -> bool:
     return a is not None and b is not None and not set(a).intersection(b)
-
-
-def _absorb(acc: StepTimeline, piece: StepTimeline) -> StepTimeline:
-    """Append ``piece`` (later in time) to ``acc``; returns ``acc``."""
-    # A piece cut at a forward (no source) after work on a DataLoader's batch, in one
-    # step: the same batch's iteration goes on (a GAN's generator update after the
-    # discriminator's); its forward inputs (the generated batch) are no new data.
-    fed = acc.source is not None and piece.source is None and (acc.saw_forward or acc.saw_backward)
-    marks, tokens = acc.marks, acc.tokens
-    pm, pt = piece.marks, piece.tokens
-    # Consecutive pieces share the instant (and device token) one ended and the next began.
-    skip = 1 if (pm and marks and pm[0] == marks[-1] and (not tokens or not pt or pt[0] is tokens[-1])) else 0
-    offset = len(marks) - skip
-    if tokens or pt:
-        # A piece recorded before device timing started has marks but no tokens (the
-        # timer starts when a piece begins): None tokens keep the merged lists aligned.
-        if len(tokens) < len(marks):
-            tokens.extend([None] * (len(marks) - len(tokens)))
-        tokens.extend((pt[skip:] if skip else pt) if pt else [None] * (len(pm) - skip))
-    marks.extend(pm[skip:] if skip else pm)
-    if offset:
-        for rec in piece.phases:
-            rec.start += offset
-            if rec.end >= 0:
-                rec.end += offset
-    acc.phases.extend(piece.phases)
-    if not acc.saw_optimizer:  # micro-batches count up to the first update
-        acc.backwards += piece.backwards
-        acc.closure_backward = acc.closure_backward or piece.closure_backward
-    acc.saw_forward = acc.saw_forward or piece.saw_forward
-    acc.train_forward = acc.train_forward or piece.train_forward
-    acc.saw_backward = acc.saw_backward or piece.saw_backward
-    acc.saw_optimizer = acc.saw_optimizer or piece.saw_optimizer
-    acc.updates += piece.updates
-    acc.skipped += piece.skipped
-    if piece.optimizers:
-        if acc.optimizers is None:
-            acc.optimizers = list(piece.optimizers)
-        else:
-            acc.optimizers.extend(i for i in piece.optimizers if i not in acc.optimizers)
-    if piece.microbatches is not None:
-        acc.microbatches = (acc.microbatches or 0) + piece.microbatches
-    if not fed:  # samples and tokens count the data a step consumed, once
-        if piece.batch_size is not None:
-            acc.batch_size = (acc.batch_size or 0) + piece.batch_size
-        if piece.token_count is not None:
-            acc.token_count = (acc.token_count or 0) + piece.token_count
-        if piece.token_masks is not None:
-            acc.token_masks = piece.token_masks if acc.token_masks is None else acc.token_masks + piece.token_masks
-    if piece.flops is not None:
-        acc.flops = piece.flops
-    if piece.memory is not None:  # the latest reading: the step's end
-        acc.memory = piece.memory
-    if acc.error is None:
-        acc.error = piece.error
-    return acc

@@ -244,7 +244,7 @@ class TorchHooks:
         events.end_record(rec)
         current = step is events.step  # (the step the scaler began in is still open)
         if current and step.updates == updates:
-            step.skipped += 1
+            step.update_skipped()
 
     # -- LR schedulers, device-to-host reads, user collectives -------------------------------
     def _install_lr_schedulers(self) -> None:

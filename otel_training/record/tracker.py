@@ -24,9 +24,11 @@ from otel_training import semconv as sc
 from otel_training.record.events import DRIVER_DATALOADER, DRIVER_MANUAL, DRIVER_NONE
 from otel_training.record.forward_steps import ForwardSteps
 from otel_training.record.loader_steps import LoaderSteps
+from otel_training.record.memory import MemoryReader
 from otel_training.record.named_between import NamedBetween
 from otel_training.record.optimizer_steps import OptimizerSteps
 from otel_training.record.phase_stack import PhaseStack
+from otel_training.record.repeat_learning import Template
 from otel_training.record.repeats import LEARN_AFTER, Repeats
 from otel_training.record.run_facts import RunFacts
 from otel_training.record.step_assembly import StepAssembler
@@ -43,9 +45,15 @@ _NOBODY = -1  # a thread ident no thread has: every hook is ignored
 class Tracker:
     """Turns hook events on the training thread into step timelines (implements ``TrainingEvents``)."""
 
-    def __init__(self, assembler: StepAssembler, timer: DeviceTimer, clock: Callable[[], int] = time.perf_counter_ns):
+    def __init__(
+        self,
+        assembler: StepAssembler,
+        timer: DeviceTimer,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        memory: MemoryReader | None = None,
+    ):
         self.assembler = assembler
-        self.phases = PhaseStack(timer, assembler.add, clock)
+        self.phases = PhaseStack(timer, assembler.add, clock, memory)
         self._optimizer_steps = OptimizerSteps(self.phases, assembler.alive)
         self._between = NamedBetween(self.phases, assembler.add_between)
         # called when a DataLoader loop begins or ends (model discovery looks again)
@@ -91,8 +99,7 @@ class Tracker:
 
     def use_clock(self, clock: Callable[[], int]) -> Callable[[], int]:
         """Read ``clock`` from now on; returns the one it replaces."""
-        previous, self.phases.clock = self.phases.clock, clock
-        return previous
+        return self.phases.use_clock(clock)
 
     def open_phase_start(self) -> int | None:
         """Host ns at which the innermost phase still open began (named time between
@@ -127,9 +134,7 @@ class Tracker:
     def replay(self, calls: list, readings: list) -> None:
         """The open piece is recorded again from its first mark, call by call, with
         the clock readings already taken (the repeat mode left mid-piece)."""
-        step = self.phases.step
-        del step.marks[1:]
-        step.batch_size = step.token_count = step.token_masks = None  # read again by the replay
+        self.phases.step.restart()  # its batch is read again by the replay
         self.reset_piece()
         self.phases.open(sc.PHASE_DATALOADER_NEXT, True, 0)
         real = self.use_clock(iter(readings).__next__)
@@ -149,22 +154,11 @@ class Tracker:
         if not self._learn_in:
             self.repeats.begin()
 
-    def repeated_piece_ended(self, step: StepTimeline, now: int) -> None:
+    def repeated_piece_ended(self, step: StepTimeline, now: int, template: Template) -> None:
         """The repeat mode finished ``step`` at ``now`` from its template: handed on,
         and the next piece begins at the same instant."""
         self._loader_steps.fetched(step)
-        phases = self.phases
-        phases.step = None
-        memory = phases.memory
-        if memory is not None and now >= memory.due:  # (PhaseStack.close_step's end, inlined)
-            step.memory = memory.read(now)
-        phases.sink(step)
-        after = phases.after_step
-        if after is not None:
-            after()
-        new = StepTimeline(-1, step.epoch, step.source)
-        new.marks.append(now)
-        phases.step = new
+        self.phases.hand_on_repeated(step, now, template.flags, template.optimizers, template.layout_id)
 
     def new_piece(self, source: Any = None, epoch: int | None = None) -> StepTimeline:
         """Begin recording a piece (its first mark is the caller's)."""
@@ -178,9 +172,7 @@ class Tracker:
 
     def reset_piece(self) -> None:
         """The open piece starts over from its first mark (the repeat mode's replay)."""
-        phases = self.phases
-        phases.step.phases.clear()
-        phases.reset_piece()
+        self.phases.restart_piece()
         self._reset_roots()
 
     def close_piece(self, token: Any, now: int) -> None:
@@ -212,7 +204,7 @@ class Tracker:
         if self.phases.step is not None:
             self.close_piece(token, now)
         step = self.new_piece(source, epoch)
-        step.manual = driver == DRIVER_MANUAL
+        step.mark_manual(driver == DRIVER_MANUAL)
         self.phases.push(step, token, now)
 
     def finish_step(self, error: BaseException | None = None) -> None:
@@ -243,7 +235,7 @@ class Tracker:
         """Ignore every hook from now on (a forked child, a DataLoader worker)."""
         self.repeats.leave()
         self.thread = _NOBODY
-        self.phases.step = None
+        self.phases.abandon()
         self._between.drop()
 
     def close(self) -> None:
@@ -351,18 +343,14 @@ class Tracker:
         stack = phases.stack
         if stack and stack[-1].name == _BACKWARD:
             return False  # reentrant checkpointing: a backward inside the backward pass
-        step.saw_backward = True
-        if self._optimizer_steps.pending:  # inside an optimizer step: its closure
-            step.closure_backward = True
-        elif not step.saw_optimizer:
-            step.backwards += 1
+        step.backward_ran(bool(self._optimizer_steps.pending))  # inside an optimizer step: its closure
         return phases.begin_phase(_BACKWARD, auto=True)
 
     # ------------------------------------------------------------------- optimizers
     def optimizer_created(self, optimizer: Any) -> None:
         # Optimizers alive decide what a step is: with one, backward passes without an
         # update are gradient accumulation (see step_assembly.py).
-        self.assembler.optimizers.add(optimizer)
+        self.assembler.optimizer_created(optimizer)
         self.facts.optimizer(optimizer)
 
     def closure_step_begin(self) -> None:

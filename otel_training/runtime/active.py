@@ -118,7 +118,7 @@ class Runtime(ProcessEvents):
         self._started_ns = time.perf_counter_ns()
         assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)
         assembler.between_sink = self.pipeline.submit_between  # named time between steps
-        self.tracker = Tracker(assembler, self.timer)
+        self.tracker = Tracker(assembler, self.timer, memory=self.measures.reader)
         self.measures.attach(assembler, self.pipeline.submit, self.tracker, lambda: self.module_hooks)
         self.module_hooks: Any = None  # RootModuleHooks, once installed
         self.handles = Handles()  # every attachment; uninstall removes them in reverse
@@ -156,7 +156,7 @@ class Runtime(ProcessEvents):
         tracker = self.tracker
         self.module_hooks = handles.add(RootModuleHooks(tracker, self.on_error))
         self.module_hooks.arm()
-        tracker.phases.after_step = self.module_hooks.on_step_end  # re-arms discovery when needed
+        tracker.phases.call_after_steps(self.module_hooks.on_step_end)  # re-arms discovery when needed
         # A new loop often brings a new model (a checkpoint loaded for evaluation, an
         # EMA copy): discovery watches its first step, so its first forward is seen.
         tracker.on_loop = self.module_hooks.arm
@@ -278,7 +278,7 @@ class Runtime(ProcessEvents):
 
     def _unhook_tracker(self) -> None:
         # A later manual step() must not re-arm discovery.
-        self.tracker.phases.after_step = None
+        self.tracker.phases.call_after_steps(None)
         self.tracker.on_loop = None
 
     # -- end of run -------------------------------------------------------------------------

@@ -31,7 +31,7 @@ class StepMeasures:
         self.trend = MemoryTrend()
         self.consumers: list = [self.trend]
         self.probe: Any = None
-        self.reader: MemoryReader | None = None
+        self.reader = MemoryReader() if config.memory else None  # the tracker's, read at step ends
         self._facts: Callable[[], dict] | None = None
         try:
             from otel_training.export.throughput import perf_metrics
@@ -48,16 +48,14 @@ class StepMeasures:
                 rebind(common)
 
     def attach(self, assembler: Any, submit: Callable, tracker: Any, module_hooks: Callable[[], Any]) -> None:
-        """Put the FLOP probe between ``assembler`` and ``submit``; give ``tracker`` its
-        memory reader. ``module_hooks()``: the RootModuleHooks, once installed (they know
-        whether a compiled module ran)."""
+        """Put the FLOP probe between ``assembler`` and ``submit``. ``module_hooks()``: the
+        RootModuleHooks, once installed (they know whether a compiled module ran)."""
 
         def compiled() -> bool:
             hooks = module_hooks()
             return hooks is not None and hooks.has_compiled()
 
         self.probe = attach_flop_probe(assembler, submit, self.config, compiled)
-        self.reader = tracker.phases.memory = MemoryReader() if self.config.memory else None
         self._facts = lambda: tracker.facts.to_dict(assembler.optimizers, compiled())
 
     def prepare(self) -> None:
