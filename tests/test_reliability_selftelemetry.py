@@ -33,6 +33,7 @@ from otel_training.export.guard import ExportGuard
 from otel_training.export.sdk_logs import EXPORT_LOGGERS
 from otel_training.instrumentor import TrainingInstrumentor
 from otel_training.export.selftelemetry import SelfTelemetry
+from otel_training.aggregate.run_model import SCHEMA
 from otel_training.diagnosis.summary_text import render_summary as render
 from tests.conftest import EndedSpans, manual_steps
 
@@ -195,12 +196,12 @@ def test_internal_errors_are_counted_by_component_and_exported(instrument):
 
 def test_the_run_end_summary_names_the_problems():
     tel = SelfTelemetry()
-    summary = {"modes": {}, "telemetry": tel.as_dict()}
+    summary = {"schema": SCHEMA, "modes": {}, "telemetry": tel.as_dict()}
     assert "telemetry problems" not in render(summary)
     tel.export_failed("traces", spans=7)
     tel.drop_spans(3)
     tel.internal_error("forward", RuntimeError("x"))
-    line = [ln for ln in render({"modes": {}, "telemetry": tel.as_dict()}).splitlines()
+    line = [ln for ln in render({"schema": SCHEMA, "modes": {}, "telemetry": tel.as_dict()}).splitlines()
             if "telemetry problems" in ln]
     assert line == ["  telemetry problems: spans_dropped=10, export_failures=1, errors=1"]
 
