@@ -60,7 +60,7 @@ ENTRY_POINTS = [
     ("otel_training.api", "__enter__", "begin_between"),  # phase() with no step open
     ("otel_training.api", "__exit__", "end_between"),
     ("otel_training.export.progress", "open_phase_seconds", "open_phase_start"),
-    ("otel_training.runtime.active", "shutdown", "close"),
+    ("otel_training.runtime.shutdown", "hand_on_held", "close"),
 ]
 _OURS = tuple(  # the recorder's own parts, calling each other
     f"otel_training.record.{m}"

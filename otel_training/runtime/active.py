@@ -33,10 +33,11 @@ from otel_training.runtime import processes
 from otel_training.runtime.attempts import attempt_file
 from otel_training.runtime.goodput import Goodput
 from otel_training.runtime.measures import StepMeasures
-from otel_training.runtime.process_events import ProcessEvents, ending_exception, hook_main_thread_end
+from otel_training.runtime.process_events import ProcessEvents, hook_main_thread_end
 from otel_training.runtime.processes import ROLE_HELPER, ROLE_SPAWN, multiprocessing_role
 from otel_training.runtime.rank import RankWatch, say_missing
 from otel_training.runtime.run_end import run_model
+from otel_training.runtime.shutdown import run_steps, shutdown_steps
 from otel_training.version import __version__
 
 logger = logging.getLogger("otel_training")
@@ -319,57 +320,10 @@ class Runtime(ProcessEvents):
         def left(share: float = 1.0) -> float:
             return max(0.0, (deadline - time.monotonic()) * share)
 
-        self.goodput.end()
-        try:
-            if self.tracker.step is not None:
-                self.tracker.finish_step(ending_exception(final))
-        except Exception as exc:
-            self.on_error("shutdown", exc)
-        try:
-            self.tracker.close()  # steps the assembler still holds
-            self.measures.close()  # a FLOP count still open (the run ended inside it)
-        except Exception as exc:
-            self.on_error("shutdown", exc)
-        try:
-            self.pipeline.stop(left(0.4))
-            try:
-                self.timer.close()
-            except Exception as exc:
-                self.on_error("device_timing", exc)
-        except Exception as exc:
-            self.on_error("shutdown", exc)
-        self.goodput.finish()  # before the last export: it carries the shut-down time
-        if self.hardware is not None:
-            try:
-                self.hardware.stop_sampling(min(1.0, left(0.25)))
-            except Exception as exc:
-                self.on_error("hardware", exc)
-        guard = self.guard
-        if guard is not None and not guard.silenced:
-            try:
-                # Leave a quarter of the budget for giving up cleanly and shutting down.
-                # The hardware gauges still report here: this last export carries the
-                # samples since the one before (all of them, in a run shorter than the
-                # export interval), the sampler's last one included.
-                if not guard.flush(left(0.75)) and final:
-                    guard.abort()  # interrupts the exporters' retry backoff
-                    guard.flush(min(0.2, left(0.3)))  # lets the aborted exports count
-                    self.telemetry.drop_spans(guard.discard_pending())
-            except Exception as exc:
-                self.on_error("shutdown", exc)
-        if self.hardware is not None:
-            try:
-                self.hardware.shutdown(0.0)  # stopped above; the gauges report nothing from now
-            except Exception as exc:
-                self.on_error("hardware", exc)
-        self._report()
-        if final and guard is not None and not guard.silenced:
-            try:
-                guard.shutdown_providers(max(0.05, left()))
-            except Exception as exc:
-                self.on_error("shutdown", exc)
+        run_steps(shutdown_steps(self, final, left), self.on_error)
 
-    def _report(self) -> None:
+    def report(self) -> None:
+        """The run-end table on stderr, the summary file and the trace file."""
         try:
             from otel_training.diagnosis.findings_text import self_check_line
             from otel_training.diagnosis.summary_text import render_summary
