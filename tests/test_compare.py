@@ -176,7 +176,9 @@ def test_a_large_change_inside_the_noise_is_inconclusive_with_the_noise(planted,
     c = json.loads(out)
     s = c["step"]
     assert code == 0 and c["result"] == "inconclusive", s
-    assert s["delta_rel"] < -0.25  # planted 130 -> 80 ms per step
+    # planted 130 -> 80 ms per step: most of the -50 ms (the runs' compute, stretched on a
+    # loaded machine, is on both sides and shrinks the ratio, not the difference)
+    assert s["delta"] < -0.035 and s["delta_rel"] < -0.15, s
     assert s["noise"] is not None and 3 * s["noise"] > abs(s["delta"])  # the noise explains it
     assert c["changed_phase"] is None
     code, text = _status(capsys, planted["noisy"], planted["steady80"])
@@ -199,7 +201,15 @@ def test_fail_on_regression_is_a_ci_gate(planted, capsys):
     code, out = _status(capsys, a, b, "--fail-on-regression", "300", "--json")
     c = json.loads(out)
     assert code == 0 and c["result"] == "regression" and c["gate"]["failed"] is False
-    assert c["gate"]["beyond_noise"] is True and 0.6 < c["gate"]["delta_rel"] < 1.6
+    # The change as the runs' own files have it (their compute on a loaded machine adds to
+    # both sides, so the ratio is not the planted 2x): B's time per step over A's, less 1.
+    per_step = {}
+    for name, path in (("a", a), ("b", b)):
+        train = json.loads(Path(path).read_text())["modes"]["train"]
+        per_step[name] = train["step_time_s"] / train["steps"]
+    assert c["gate"]["beyond_noise"] is True
+    assert c["gate"]["delta_rel"] == pytest.approx(per_step["b"] / per_step["a"] - 1, rel=0.05), per_step
+    assert per_step["b"] - per_step["a"] > 0.03  # most of the planted 40 ms
     # faster is never a failed gate; nor is a slower run whose own noise explains it
     assert _status(capsys, b, a, "--fail-on-regression", "0")[0] == 0
     code, out = _status(capsys, planted["steady80"], planted["noisy"], "--fail-on-regression", "10")
