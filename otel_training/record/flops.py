@@ -60,17 +60,17 @@ class FlopCount(NamedTuple):
 
 
 class FlopProbe:
-    """The assembler's sink until FLOPs are known (or cannot be): ``__call__(step)``."""
+    """Between the assembler and ``sink`` until FLOPs are known (or cannot be):
+    ``__call__(step)`` hands each step on and answers True once done, when the
+    assembler hands steps to ``sink`` directly."""
 
     def __init__(
         self,
-        assembler: Any,
         sink: Callable[[Any], None],
         flops_per_step: float | None,
         peak: float | None,
         compiled: Callable[[], bool] = lambda: False,
     ) -> None:
-        self._assembler = assembler
         self._sink = sink
         self._given = flops_per_step
         self._peak = peak
@@ -97,13 +97,15 @@ class FlopProbe:
 
             self._mode_class = FlopCounterMode
 
-    def __call__(self, step: Any) -> None:
-        try:
-            self._on_step(step)
-        except Exception as exc:  # our bug: never the user's problem
-            logger.warning("otel-training: FLOPs not counted (%s: %s)", type(exc).__name__, exc)
-            self._finish()
+    def __call__(self, step: Any) -> bool:
+        if not self.done:  # (done outside a call: an inference_mode() that ended the count)
+            try:
+                self._on_step(step)
+            except Exception as exc:  # our bug: never the user's problem
+                logger.warning("otel-training: FLOPs not counted (%s: %s)", type(exc).__name__, exc)
+                self._finish()
         self._sink(step)
+        return self.done
 
     def _on_step(self, step: Any) -> None:
         train = step.saw_backward or step.saw_optimizer
@@ -214,7 +216,6 @@ class FlopProbe:
         """Leave the step path: the assembler hands steps to the pipeline directly."""
         self.close()
         self.done = True
-        self._assembler.set_sink(self._sink)
 
     def close(self) -> None:
         """Leave the counting mode if a count is open (only its own thread can)."""
@@ -227,13 +228,11 @@ class FlopProbe:
                 pass
 
 
-def attach_flop_probe(assembler: Any, sink: Callable, config: Any, compiled: Callable[[], bool]) -> FlopProbe | None:
-    """A probe between ``assembler`` and ``sink`` (the pipeline), unless FLOPs are off."""
+def flop_probe(sink: Callable, config: Any, compiled: Callable[[], bool]) -> FlopProbe | None:
+    """A probe to put between the assembler and ``sink`` (the pipeline), unless FLOPs are off."""
     if config.flops_per_step == 0:
         return None
-    probe = FlopProbe(assembler, sink, config.flops_per_step, config.peak_flops, compiled)
-    assembler.set_sink(probe)
-    return probe
+    return FlopProbe(sink, config.flops_per_step, config.peak_flops, compiled)
 
 
 def _tallied(formula: Callable, tallies: dict) -> Callable:

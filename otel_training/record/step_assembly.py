@@ -47,8 +47,13 @@ class StepAssembler:
         sink: Callable[[StepTimeline], None],
         boundary: str = BOUNDARY_AUTO,
         release: Callable[[list], None] | None = None,
+        between_sink: Callable[[BetweenSteps], None] | None = None,
+        probe: Callable[[StepTimeline], bool] | None = None,
     ) -> None:
-        self._sink = sink
+        # Finished steps go to ``sink``, through ``probe`` first (the FLOP probe) until
+        # it answers True: done, it leaves the path.
+        self._sink: Callable[[StepTimeline], Any] = sink if probe is None else probe
+        self._direct = sink
         self._release = release  # gives a dropped piece's device tokens back
         self.boundary = boundary
         # Optimizers constructed since instrumentation (torch's Optimizer.__init__):
@@ -66,12 +71,8 @@ class StepAssembler:
         self._held: StepTimeline | None = None  # an update another optimizer may join
         # Named time between steps (record/timeline.py BetweenSteps) goes to this sink
         # (None: dropped), after every step that began before it.
-        self.between_sink: Callable[[BetweenSteps], None] | None = None
+        self.between_sink = between_sink
         self._waiting: list[BetweenSteps] = []  # named time behind a held step
-
-    def set_sink(self, sink: Callable[[StepTimeline], None]) -> None:
-        """Hand finished steps to ``sink`` from now on (the FLOP probe leaves the path)."""
-        self._sink = sink
 
     def optimizer_created(self, optimizer: Any) -> None:
         """An optimizer was constructed (held weakly: alive ones decide what a step is)."""
@@ -243,7 +244,8 @@ class StepAssembler:
         self._next += 1
         if self._waiting:  # named time that began before this step goes first
             self._flush_waiting(step.marks[0])
-        self._sink(step)
+        if self._sink(step):  # the probe is done
+            self._sink = self._direct
         if self._waiting and self.idle():
             self._flush_waiting(None)
 

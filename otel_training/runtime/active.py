@@ -117,10 +117,16 @@ class Runtime(ProcessEvents):
             export_interval_s=export_interval_s(meter_provider),
         )
         self._started_ns = time.perf_counter_ns()
-        assembler = StepAssembler(self.pipeline.submit, config.step_boundary, release=self.timer.release)
-        assembler.between_sink = self.pipeline.submit_between  # named time between steps
+        # The recorder's wiring, all of it here: pieces -> assembler -> (FLOP probe) -> pipeline.
+        assembler = StepAssembler(
+            self.pipeline.submit,
+            config.step_boundary,
+            release=self.timer.release,
+            between_sink=self.pipeline.submit_between,  # named time between steps
+            probe=self.measures.make_probe(self.pipeline.submit, lambda: self.module_hooks),
+        )
         self.tracker = Tracker(assembler, self.timer, memory=self.measures.reader)
-        self.measures.attach(assembler, self.pipeline.submit, self.tracker, lambda: self.module_hooks)
+        self.measures.attach(assembler, self.tracker)
         self.module_hooks: Any = None  # RootModuleHooks, once installed
         self.handles = Handles()  # every attachment; uninstall removes them in reverse
         self.hardware: Any = None  # HardwareMetrics, when sampling

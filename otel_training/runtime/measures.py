@@ -19,7 +19,7 @@ from typing import Any
 
 from otel_training.aggregate.memory import MemoryTrend
 from otel_training.aggregate.run_model import Memory, RunFacts
-from otel_training.record.flops import attach_flop_probe
+from otel_training.record.flops import flop_probe
 from otel_training.record.memory import MemoryReader
 
 
@@ -33,6 +33,7 @@ class StepMeasures:
         self.probe: Any = None
         self.reader = MemoryReader() if config.memory else None  # the tracker's, read at step ends
         self._facts: Callable[[], dict] | None = None
+        self._compiled: Callable[[], bool] = lambda: False
         try:
             from otel_training.export.throughput import perf_metrics
 
@@ -47,15 +48,21 @@ class StepMeasures:
             if rebind is not None:
                 rebind(common)
 
-    def attach(self, assembler: Any, submit: Callable, tracker: Any, module_hooks: Callable[[], Any]) -> None:
-        """Put the FLOP probe between ``assembler`` and ``submit``. ``module_hooks()``: the
-        RootModuleHooks, once installed (they know whether a compiled module ran)."""
+    def make_probe(self, submit: Callable, module_hooks: Callable[[], Any]) -> Any:
+        """The FLOP probe to put before ``submit`` (None: FLOPs off). ``module_hooks()``:
+        the RootModuleHooks, once installed (they know whether a compiled module ran)."""
 
         def compiled() -> bool:
             hooks = module_hooks()
             return hooks is not None and hooks.has_compiled()
 
-        self.probe = attach_flop_probe(assembler, submit, self.config, compiled)
+        self._compiled = compiled
+        self.probe = flop_probe(submit, self.config, compiled)
+        return self.probe
+
+    def attach(self, assembler: Any, tracker: Any) -> None:
+        """The run facts come from ``tracker`` and ``assembler``'s optimizers."""
+        compiled = self._compiled
         self._facts = lambda: tracker.facts.to_dict(assembler.optimizers, compiled())
 
     def prepare(self) -> None:
