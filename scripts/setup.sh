@@ -15,5 +15,7 @@ fi
 # finds it already satisfied.
 bash scripts/torch-shared.sh .venv constraints.txt
 # numpy: otel-training does not need it, but torch warns at the demo's first tensor without it.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
+# --no-compile: Python compiles what it imports, when it first imports it; compiling every
+# installed file up front (transformers, lightning, ...) was most of pip's CPU time here.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt \
   -e ".[instruments${extras:+,$extras}]" numpy

@@ -10,7 +10,8 @@ if [ ! -x .venv-lowest/bin/python ]; then
 fi
 # torch from this machine's shared installation (scripts/torch-shared.sh), not a copy in the venv.
 bash scripts/torch-shared.sh .venv-lowest constraints-lowest.txt
-.venv-lowest/bin/python -m pip install --quiet --disable-pip-version-check -c constraints-lowest.txt \
+# --no-compile: as in setup.sh.
+.venv-lowest/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -c constraints-lowest.txt \
   torch -e ".[test,distro,integrations]"
 .venv-lowest/bin/python -c "from importlib.metadata import version as v; print('lowest allowed: opentelemetry-sdk', v('opentelemetry-sdk'), '/ opentelemetry-instrumentation', v('opentelemetry-instrumentation'))"
 # tests/test_package.py builds its own venv from constraints.txt: the same in both runs.

@@ -40,7 +40,8 @@ for end in "${ends[@]}"; do
   if [ "${have%%+*}" != "$want" ] || [ ! -f "$venv/.installed" ] || [ pyproject.toml -nt "$venv/.installed" ]; then
     extras=".[test,distro,integrations]"
     [ "$end" = below ] && extras="."  # the package and torch: what a user's environment has
-    PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    # --no-compile: as in setup.sh.
+    PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
       -c "$merged" torch -e "$extras"
     touch "$venv/.installed"
   fi
