@@ -75,6 +75,42 @@ def test_the_loop_suite_holds_on_the_gpu(loop, check):
     check(loop)
 
 
+@pytest.fixture(scope="module")
+def timm_on_gpu():
+    """timm train.py's shape on CUDA: training through the task wrapper, validate() on the
+    wrapped model, the PrefetchLoader's side-stream copies one batch ahead."""
+    r = run_loop("timm_task_wrapper", extra_env={"LOOPS_DEVICE": "cuda", "OTEL_TRAINING_GPU_TIMING": "events"},
+                 timeout=400)
+    assert r.error is None, f"timm_task_wrapper: the runner failed: {r.error}"
+    return r
+
+
+@pytest.mark.parametrize("check", SUITE_CHECKS, ids=lambda f: f.__name__.removeprefix("test_"))
+def test_the_timm_shape_holds_on_the_gpu(timm_on_gpu, check):
+    check(timm_on_gpu)
+
+
+def test_every_timm_step_has_its_forward(timm_on_gpu):
+    """Each train step's train_batch holds one forward, then one backward (the forward's
+    time not booked under backward); each eval step holds one forward."""
+    spans = timm_on_gpu.spans
+    kids: dict = {}
+    for name, sid, parent, start, _end, attrs in spans:
+        kids.setdefault(parent, []).append((start, name, sid))
+    seen = {"train": 0, "eval": 0}
+    for name, sid, parent, _start, _end, attrs in spans:
+        if name != "step" or parent:
+            continue
+        mode = attrs.get("training.mode")
+        batch = [k for k in sorted(kids.get(sid, [])) if k[1] in ("train_batch", "eval_batch")]
+        assert len(batch) == 1, (mode, attrs.get("training.step"), kids.get(sid))
+        inner = [k[1] for k in sorted(kids.get(batch[0][2], []))]
+        want = ["forward", "backward", "optimizer_step"] if mode == "train" else ["forward"]
+        assert [n for n in inner if n in want] == want, (mode, attrs.get("training.step"), inner)
+        seen[mode] += 1
+    assert seen == {"train": timm_on_gpu.truth["train_steps"], "eval": timm_on_gpu.truth["eval_steps"]}, seen
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_timing_mode_is_the_one_asked(gpu_runs, name):
     modes = {a.get("training.timing") for a in gpu_runs(name).roots}

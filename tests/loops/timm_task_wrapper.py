@@ -42,7 +42,12 @@ import torch.utils.data
 
 from _truth import EVAL, OUTSIDE, TRAIN, Truth
 
-torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
+# LOOPS_DEVICE=cuda runs it as timm runs on a GPU (tests/test_gpu_loops.py): the model and
+# losses on the device, pinned batches, the PrefetchLoader's copy and normalization on a
+# side CUDA stream one batch ahead.
+DEVICE = torch.device(os.environ.get("LOOPS_DEVICE", "cpu"))
+if DEVICE.type == "cpu":
+    torch.set_num_threads(1)  # not in the original: keeps a 2-core machine steady
 torch.manual_seed(0)
 truth = Truth("timm_task_wrapper")
 
@@ -241,8 +246,8 @@ class PrefetchLoader:
 def create_loader(dataset, batch_size, is_training):
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=is_training, num_workers=0,
-        collate_fn=fast_collate, drop_last=is_training)
-    return PrefetchLoader(loader)
+        collate_fn=fast_collate, drop_last=is_training, pin_memory=DEVICE.type == "cuda")
+    return PrefetchLoader(loader, device=DEVICE)
 
 
 def _set_loader_epoch(loader, epoch):
@@ -542,9 +547,9 @@ def main():
     loader_train = create_loader(dataset_train, BATCH, is_training=True)
     loader_eval = create_loader(dataset_eval, BATCH, is_training=False)
 
-    model = TinyResNet()
-    train_loss_fn = nn.CrossEntropyLoss()
-    validate_loss_fn = nn.CrossEntropyLoss()
+    model = TinyResNet().to(DEVICE)
+    train_loss_fn = nn.CrossEntropyLoss().to(DEVICE)
+    validate_loss_fn = nn.CrossEntropyLoss().to(DEVICE)
     task = ClassificationTask(model=model, criterion=train_loss_fn)
     model = task.get_trainable_module()
     eval_model = task.get_eval_model()
