@@ -68,10 +68,12 @@ COVERAGE_MIN = 0.95  # steps cover at least 95% of the loop's own wall time (les
 # A planted phase holds its own real work too, which a loaded 2-core machine stretches. In
 # dataloader_next that is the loader's (the fetch, the collate): the script measures it
 # (TRUTH's loader_work_s) and the bound adds it. Elsewhere (a callback's, a log line's own
-# code) measured may exceed planted by this much more a step (at most a quarter of the
-# delay). A delay attributed to the wrong phase still shows, as a shortfall in the phase
-# it was planted in (that side keeps the plain 10%).
-UNPLANTED_WORK_S = 0.005
+# code, and in untracked every bit of loop code the script cannot time: a zero_grad, a
+# label tensor, a string formatted; with both cores busy, each waits for a core) measured
+# may exceed planted by this much more a step (at most half the delay). A delay
+# attributed to the wrong phase still shows, as a shortfall in the phase it was planted
+# in (that side keeps the plain 10%).
+UNPLANTED_WORK_S = 0.010
 OUTSIDE_ALLOWANCE_S = 0.005  # unplanted time between steps per DataLoader loop end (StopIteration, ...)
 MISSING = object()
 # The self-check's low_coverage fires under 90% inside steps; a script that spent this
@@ -293,7 +295,7 @@ def test_planted_delays(loop):
             # too: the script's clock says how much it was (it grows under load).
             work = float(truth.get("loader_work_s", {}).get(mode, 0.0)) / truth_steps \
                 if name == "dataloader_next" and truth_steps else 0.0
-            high = (want + work) * (1 + DELAY_TOLERANCE) + min(want / 4, UNPLANTED_WORK_S)
+            high = (want + work) * (1 + DELAY_TOLERANCE) + min(want / 2, UNPLANTED_WORK_S)
             low = want
             if 0 < steps < truth_steps:
                 # The FLOP-count step is left out of the phase totals: a planted delay
@@ -530,10 +532,11 @@ def test_ordinary_epochs_advice(loop):
     raise the batch size while GPU memory allows: the run section says what is in place
     and the advice (the run-end verdict, and the findings ``report`` builds from the
     summary) names the cpu."""
+    from otel_training.aggregate.run_model import Run
     from otel_training.diagnosis.verdict import diagnose
 
     summary = _summary(loop)
-    findings = diagnose(summary)
+    findings = diagnose(Run.from_dict(summary))
     compute = [f for f in findings if f.kind == "compute_bound"]
     assert compute, (f"{loop.name}: the train steps are mostly compute, but the findings are "
                      f"{[(f.kind, f.detail) for f in findings]}: the advice check below would check nothing")
