@@ -59,7 +59,15 @@ def test_training_finishes_and_exits_promptly_with_no_collector(dead_endpoint, t
     assert len(problems) == 1 and "export_failures=" in problems[0] and "spans_dropped=" in problems[0]
 
 
-def _interrupt(sig, dead_endpoint, tmp_path):
+def _bound(sig, dead_endpoint, tmp_path) -> float:
+    """How long an instrumented run may take to exit after ``sig``: EXIT_BOUND_S, or on a
+    loaded machine the 2 s budget plus twice what the same loop uninstrumented took to
+    exit after it (torch's teardown, KeyboardInterrupt's unwinding), measured now."""
+    _, _, bare = _interrupt(sig, dead_endpoint, tmp_path, cmd=plain)
+    return max(EXIT_BOUND_S, 2.0 + 2 * bare)
+
+
+def _interrupt(sig, dead_endpoint, tmp_path, cmd=instrumented):
     """Start an endless instrumented loop, send ``sig`` once it trains; (run, rc, seconds to exit)."""
     # The loop starts as from a terminal, with SIGINT's default action. A test run
     # started in the background by a non-interactive shell ignores SIGINT, and an
@@ -68,7 +76,7 @@ def _interrupt(sig, dead_endpoint, tmp_path):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         r = Run(
-            instrumented("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
+            cmd("train_loop.py", "--steps", "0", "--ready-after", "5", "--sleep-ms", "5"),
             _env(dead_endpoint, tmp_path),
         )
     finally:
@@ -83,7 +91,8 @@ def _interrupt(sig, dead_endpoint, tmp_path):
 def test_sigterm_flushes_within_the_budget_then_dies_of_sigterm(dead_endpoint, tmp_path):
     r, rc, took = _interrupt(signal.SIGTERM, dead_endpoint, tmp_path)
     assert rc == -signal.SIGTERM, (rc, r.stderr)  # the default action, as without us
-    assert took <= EXIT_BOUND_S, f"exited {took:.2f} s after SIGTERM\n{r.stderr}"
+    bound = _bound(signal.SIGTERM, dead_endpoint, tmp_path)
+    assert took <= bound, f"exited {took:.2f} s after SIGTERM (allowed {bound:.2f} s)\n{r.stderr}"
     assert "otel-training: train —" in r.stderr  # our bounded shutdown ran first
     assert "Traceback" not in r.stderr, r.stderr
 
@@ -91,7 +100,8 @@ def test_sigterm_flushes_within_the_budget_then_dies_of_sigterm(dead_endpoint, t
 def test_ctrl_c_exits_promptly(dead_endpoint, tmp_path):
     r, rc, took = _interrupt(signal.SIGINT, dead_endpoint, tmp_path)
     assert rc in (-signal.SIGINT, 1), (rc, r.stderr)  # KeyboardInterrupt, as without us
-    assert took <= EXIT_BOUND_S, f"exited {took:.2f} s after SIGINT\n{r.stderr}"
+    bound = _bound(signal.SIGINT, dead_endpoint, tmp_path)
+    assert took <= bound, f"exited {took:.2f} s after SIGINT (allowed {bound:.2f} s)\n{r.stderr}"
     assert "KeyboardInterrupt" in r.stderr  # the user's traceback, unchanged
     assert "otel-training: train —" in r.stderr
 
