@@ -18,6 +18,8 @@ import pytest
 from otel_training import semconv as sc
 from otel_training.config import ConfigError, load_config
 from otel_training.diagnosis.goodput_findings import job_findings
+from otel_training.aggregate.run_model import Job
+from otel_training.diagnosis.evidence import RankJob
 from otel_training.diagnosis.goodput_text import compare_job, goodput_lines, report_lines
 from otel_training.export import job as job_export
 from otel_training.runtime.attempts import AttemptFile, attempt_file, lost_progress, prune, run_view
@@ -142,26 +144,28 @@ def test_every_second_of_the_run_is_in_one_activity():
     assert view["activities"]["restart"] == 4.0 and view["activities"]["lost_progress"] == 2.5
     assert view["activities"]["train"] == pytest.approx(14 - 2.5)
     assert view["goodput"] == pytest.approx(11.5 / 26)
-    job = {"wall_s": 10.0, "goodput": 0.7, "activities": second["activities"], "run": view,
-           "attempt": {"number": 1, "restart_s": 4.0, "lost_progress_s": 2.5, "lost_steps": 10,
-                       "resumed_at_step": 20, "previous_exit": "recorded"}}
+    data = {"wall_s": 10.0, "goodput": 0.7, "activities": second["activities"], "run": view,
+            "attempt": {"number": 1, "restart_s": 4.0, "lost_progress_s": 2.5, "lost_steps": 10,
+                        "resumed_at_step": 20, "previous_exit": "recorded"}}
+    job = Job.from_dict(data)
     text = "\n".join(goodput_lines(job))
     assert "attempt 2 of this run began 4.00 s after attempt 1 ended" in text
     assert "10 steps of attempt 1 (2.50 s of train time) done again" in text
     assert "run goodput over 2 attempts: 44.2%" in text and "R restart" in text and "x lost_progress" in text
     assert any(f.kind == "restart_bound" for f in job_findings(job))
     # report: the job's goodput is the mean over ranks of each rank's run goodput.
-    report = {"job": [dict(job, rank=0), {"wall_s": 10.0, "goodput": 0.5, "activities": {"train": 5.0}, "rank": 1}]}
+    other = Job.from_dict({"wall_s": 10.0, "goodput": 0.5, "activities": {"train": 5.0}})
+    ranks = [RankJob(rank=0, job=job), RankJob(rank=1, job=other)]
     assert any(line.startswith("job goodput: 47.1% (mean over 2 ranks, over the run's attempts)")
-               for line in report_lines(report))
+               for line in report_lines(ranks))
     # compare: a restarted run's goodput and activities over its attempts.
-    c = compare_job({"job": [dict(job, rank=0)]}, {"job": [{"wall_s": 10.0, "goodput": 0.5, "activities": {"train": 5.0}}]})
+    c = compare_job([job], [other])
     assert c["goodput"]["a"] == pytest.approx(11.5 / 26) and c["wall_s"]["a"] == pytest.approx(26)
     assert {a["name"]: a["a"] for a in c["activities"]}["restart"] == 4.0
 
 
 def test_a_first_attempt_has_no_restart_finding():
-    job = {"wall_s": 10.0, "goodput": 0.7, "activities": {"startup": 2.0, "train": 7.0, "other": 1.0}}
+    job = Job.from_dict({"wall_s": 10.0, "goodput": 0.7, "activities": {"startup": 2.0, "train": 7.0, "other": 1.0}})
     assert not any(f.kind == "restart_bound" for f in job_findings(job))
     assert not any("restart" in line for line in goodput_lines(job))
 
@@ -251,7 +255,8 @@ def test_torchrun_max_restarts_counts_the_restart_on_every_rank(tmp_path, capsys
     assert sorted(j["rank"] for j in report["job"]) == [0, 1] and all(j["attempt"]["number"] == 1 for j in report["job"])
     assert report["modes"]["train"]["steps"] == 2 * 10  # the last attempts' steps: 21..30 on each rank
     mean = sum(jobs[rank]["run"]["goodput"] for rank in (0, 1)) / 2
-    assert f"job goodput: {100 * mean:.1f}% (mean over 2 ranks, over the run's attempts)" in report_lines(report)
+    ranks = [RankJob(rank=j["rank"], job=Job.from_dict(j)) for j in report["job"]]
+    assert f"job goodput: {100 * mean:.1f}% (mean over 2 ranks, over the run's attempts)" in report_lines(ranks)
 
 
 @pytest.mark.slow

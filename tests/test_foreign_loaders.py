@@ -70,9 +70,10 @@ def test_a_grain_iterators_wait_is_dataloader_next_of_the_step_using_the_batch(i
     assert summary["modes"]["train"]["samples"] == 32
     assert summary["loaders"] == ["grain"]
     # data-bound: the verdict's fixes are Grain's, not a DataLoader's
+    from otel_training.aggregate.run_model import Run
     from otel_training.diagnosis.verdict import diagnose
 
-    finding = diagnose(summary)[0]
+    finding = diagnose(Run.from_dict(summary))[0]
     assert finding.kind == "data_loading", finding
     assert any("ReadOptions" in a for a in finding.advice)
     assert not any("DataLoader" in a or "persistent_workers" in a for a in finding.advice), finding.advice

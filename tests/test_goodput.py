@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 import otel_training
 from otel_training.aggregate.ideal_step import slow_steps
 from otel_training.aggregate.job import JobClock
+from otel_training.aggregate.run_model import Job, Run, RunFacts
+from otel_training.diagnosis.evidence import RankJob
 from otel_training.diagnosis.goodput_findings import job_findings
 from otel_training.diagnosis.goodput_text import (
     bar,
@@ -246,6 +248,11 @@ def test_nothing_is_reported_before_the_first_step_and_counters_never_go_down():
 
 
 # -- findings and the bar ------------------------------------------------------------------
+def _run(**sections) -> Run:
+    """A run summary with no steps and the sections given."""
+    return Run.from_dict({"schema": "otel-training/summary/v1", "modes": {}, **sections})
+
+
 def _job(**activities: float) -> dict:
     base = dict.fromkeys(("startup", "compile", "train", "eval", "checkpoint", "other", "shutdown"), 0.0)
     base.update(activities)
@@ -263,18 +270,19 @@ def _job(**activities: float) -> dict:
     ("other", "other_bound", "otel_training.phase"),
 ])
 def test_a_finding_for_each_activity_that_holds_the_wall_time(activity, kind, advice):
-    job = _job(train=5.0, **{activity: 5.0})
+    job = Job.from_dict(_job(train=5.0, **{activity: 5.0}))
     found = job_findings(job)
     assert found[0].kind == kind and found[0].score == pytest.approx(0.5), found
     assert any(advice in a for a in found[0].advice), found[0].advice
-    assert job_findings(_job(train=95.0, **{activity: 5.0})) == []  # under every threshold
+    assert job_findings(Job.from_dict(_job(train=95.0, **{activity: 5.0}))) == []  # under every threshold
 
 
 def test_start_up_advice_fits_what_the_run_does():
     """Compile caches only where the run compiled, spawned workers only where it has
     DataLoader workers (both kept where unknown), and a short run told so."""
     def advice(job, facts=None):
-        (f,) = [f for f in job_findings(job, None, facts) if f.kind == "startup_bound"]
+        found = job_findings(Job.from_dict(job), None, RunFacts.from_dict(facts) if facts is not None else None)
+        (f,) = [f for f in found if f.kind == "startup_bound"]
         return " | ".join(f.advice)
 
     plain = _job(startup=300.0, train=700.0)
@@ -283,7 +291,8 @@ def test_start_up_advice_fits_what_the_run_does():
     assert "TORCHINDUCTOR_CACHE_DIR" not in text and "spawned workers" not in text and "this short" not in text, text
     assert "index or preprocess" in text
     compiled = dict(_job(startup=250.0, compile=50.0, train=700.0),
-                    compile={"compilations": 3, "recompilations": 1, "recompiled_at": [12]})
+                    compile={"compilations": 3, "recompilations": 1,
+                             "recompiled_at": [{"mode": "train", "step": 12, "count": 1, "s": 0.5}]})
     assert "TORCHINDUCTOR_CACHE_DIR" in advice(compiled, no_workers)
     assert "spawned workers" in advice(plain, {"loaders": [{"num_workers": 4, "shuffle": True}]})
     eval_workers = {"loaders": [{"num_workers": 0, "shuffle": True}, {"num_workers": 2, "shuffle": False}]}
@@ -292,23 +301,24 @@ def test_start_up_advice_fits_what_the_run_does():
     assert "TORCHINDUCTOR_CACHE_DIR" in unknown and "spawned workers" in unknown
     assert advice(_job(startup=3.0, train=7.0), no_workers).startswith("a run this short (10 s)")
     # The run-end table reads the summary's run section; a report, its run_facts.
-    table = "\n".join(summary_lines({"job": plain, "coverage": None, "run": no_workers}))
+    table = "\n".join(summary_lines(_run(job=plain, run=no_workers)))
     assert "start-up-bound" in table and "spawned workers" not in table, table
-    report = "\n".join(report_lines({"job": [dict(plain, rank=0)], "run": "r1", "run_facts": no_workers}))
+    report = "\n".join(report_lines([RankJob(rank=0, job=Job.from_dict(plain))], (), RunFacts.from_dict(no_workers)))
     assert "start-up-bound" in report and "spawned workers" not in report, report
 
 
 def test_the_goodput_bar_and_its_lines():
-    job = _job(startup=4.6, train=0.73, eval=0.35, checkpoint=0.39, other=0.8, shutdown=0.43)
+    data = _job(startup=4.6, train=0.73, eval=0.35, checkpoint=0.39, other=0.8, shutdown=0.43)
+    job = Job.from_dict(data)
     b = bar(job)
     assert len(b) == 42 and b[1] == "S" and "#" in b and "E" in b and "K" in b and b[-2] == "s", b
     lines = goodput_lines(job)
     assert lines[0].startswith("  goodput: 10.0% of the 7.30 s wall time in train steps (0.73 s)"), lines
     assert "S startup 4.60 s 63%" in lines[2] and "checkpoints: 3 saves 0.39 s (torch.save)" in lines[3]
-    table = summary_lines({"job": job, "coverage": None})
+    table = summary_lines(_run(job=data))
     assert any(ln.startswith("goodput: start-up-bound") for ln in table), table
-    cmp = compare_job({"job": [job]}, {"job": [_job(startup=1.0, train=6.0)]})
-    assert cmp["goodput"]["delta"] == pytest.approx(6.0 / 7.0 - job["goodput"])
+    cmp = compare_job([job], [Job.from_dict(_job(startup=1.0, train=6.0))])
+    assert cmp["goodput"]["delta"] == pytest.approx(6.0 / 7.0 - data["goodput"])
 
 
 def test_a_job_section_per_process_from_prometheus_increases():
@@ -317,7 +327,8 @@ def test_a_job_section_per_process_from_prometheus_increases():
     jobs = jobs_from_deltas(deltas)
     assert [(j["rank"], j["wall_s"], j["goodput"]) for j in jobs] == [(0, 50.0, 0.6), (1, 50.0, 0.9)]
     assert jobs[0]["named"] == ["upload"] and jobs[0]["activities"]["upload"] == 10.0
-    assert "job goodput: 75.0% (mean over 2 ranks)" in "\n".join(report_lines({"job": jobs}))
+    ranks = [RankJob(rank=j["rank"], host=j["host"], job=Job.from_dict(j)) for j in jobs]
+    assert "job goodput: 75.0% (mean over 2 ranks)" in "\n".join(report_lines(ranks))
 
 
 # -- found without code changes: in a real loop ----------------------------------------------

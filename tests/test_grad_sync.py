@@ -20,6 +20,7 @@ import json
 
 import pytest
 
+from otel_training.aggregate.run_model import Run
 from otel_training.diagnosis.verdict import diagnose
 from otel_training.report.build import diagnosed
 from otel_training.report.sources import load_summaries
@@ -83,7 +84,7 @@ def test_a_slow_rank_is_the_straggler_by_its_phase_and_the_other_waits_in_commun
     ranks = {r["rank"]: r for r in rep["ranks"]["train"]}
     assert ranks[1]["step_mean_s"] - ranks[1]["wait_mean_s"] > ranks[0]["step_mean_s"] - ranks[0]["wait_mean_s"]
     # rank 0's own summary: it waits in the gradient sync, and is never called compute-bound
-    own = [f.kind for f in diagnose(json.load(open(files[0])))]
+    own = [f.kind for f in diagnose(Run.from_json(open(files[0]).read()))]
     assert "sync_wait" in own and "compute_bound" not in own, own
 
 

@@ -20,6 +20,7 @@ from tests.conftest import run_script_for_summary
 L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
 import torch  # noqa: E402
 
+from otel_training.aggregate.run_model import Run  # noqa: E402
 from otel_training.diagnosis.verdict import diagnose  # noqa: E402
 
 # well above a loaded CI machine's slowest train_batch, so the callback stays the largest phase
@@ -118,7 +119,7 @@ def test_lightning_steps_phases_and_slow_callback(instrumented):
     totals = tel.phase_totals(parent="step", mode="train")
     assert totals[SLOW] >= 6 * SLOW_S * 0.9
     assert max(totals, key=totals.get) == SLOW
-    findings = diagnose(summary)
+    findings = diagnose(Run.from_dict(summary))
     assert findings[0].kind == "callback", findings
     assert findings[0].title == "slow callback SlowLoggingCallback"
     assert "SlowLoggingCallback.on_train_batch_end" in findings[0].detail

@@ -21,6 +21,7 @@ from transformers import (  # noqa: E402
     BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
 )
 
+from otel_training.aggregate.run_model import Run  # noqa: E402
 from otel_training.diagnosis.verdict import diagnose  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,7 +127,7 @@ def test_trainer_steps_phases_and_slow_callback(instrumented, tmp_path):
     assert summary["modes"]["train"]["tokens"] == 32 * 12
     assert summary["modes"]["train"]["microbatches"] == 8
     assert summary["self_check"] == []
-    findings = diagnose(summary)
+    findings = diagnose(Run.from_dict(summary))
     assert findings[0].kind == "callback" and findings[0].title == "slow callback SlowLogCallback", findings
 
     tel.uninstrument()
@@ -176,4 +177,4 @@ def test_transformers_imported_after_instrumentation(tmp_path):
     train = summary["modes"]["train"]
     assert train["timed_steps"] == 4 - ("counted_step" in train.get("flops", {}))
     assert phases["callback.Upload.on_step_end"]["count"] == train["timed_steps"]
-    assert diagnose(summary)[0].title == "slow callback Upload"
+    assert diagnose(Run.from_dict(summary))[0].title == "slow callback Upload"

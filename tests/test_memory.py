@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from otel_training.aggregate.memory import MIN_GROWTH, creep
+from otel_training.aggregate.run_model import Run
 from otel_training.diagnosis.summary_text import render_summary
 from otel_training.diagnosis.verdict import diagnose
 
@@ -73,7 +74,7 @@ def test_a_steady_loop_has_no_creep_finding(instrumented):
     memory = summary["memory"]
     assert memory["kind"] == "cpu" and memory["last_bytes"] > 50 * 2**20
     assert memory["creep"] is None
-    assert "memory_creep" not in [f.kind for f in diagnose(summary)]
+    assert "memory_creep" not in [f.kind for f in diagnose(Run.from_dict(summary))]
     text = render_summary(summary)
     assert "memory: RSS" in text and "memory creep" not in text
     (rss,) = tel.points("training.memory.rss")
@@ -101,7 +102,7 @@ def test_a_loop_keeping_1_mb_per_step_gets_the_creep_finding(leaking):
     assert c["mb_per_100_steps"] == pytest.approx(truth, rel=0.15)
     assert c["mb_per_100_steps"] >= 95
     assert c["r2"] > 0.9 and c["from_step"] >= 10 and c["to_step"] >= STEPS - 10
-    (finding,) = [f for f in diagnose(summary) if f.kind == "memory_creep"]
+    (finding,) = [f for f in diagnose(Run.from_dict(summary)) if f.kind == "memory_creep"]
     assert finding.severity == "high"
     assert f"{c['mb_per_100_steps']:.1f} MB per 100 steps" in finding.detail
     assert any("loss.item()" in a for a in finding.advice)

@@ -11,10 +11,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from otel_training.diagnosis.advice import DATALOADER_ADVICE
-from otel_training.diagnosis.verdict import diagnose
 from otel_training.report.build import diagnosed
 from otel_training.report.sources import load_summaries
 from tests.conftest import make_dataset, make_model, train_step
+from tests.test_verdict import _diagnose
 
 
 def _advice(findings, kind):
@@ -76,7 +76,7 @@ def test_a_bf16_autocast_loop_is_not_told_to_use_mixed_precision(instrumented):
         },
     ]
     json.dumps(summary)  # the summary file's JSON
-    text = _advice(diagnose(summary), "compute_bound")
+    text = _advice(_diagnose(summary), "compute_bound")
     assert "mixed precision" not in text and "autocast" not in text
     assert "GPU memory" not in text and "fused" not in text
     assert "torch.compile(model)" in text and "cpu" in text
@@ -96,7 +96,7 @@ def test_a_cpu_loop_starved_by_num_workers_0_is_told_so(instrumented):
     summary = tel.runtime.summary_dict()
     assert summary["run"]["loaders"][0]["num_workers"] == 0
     assert summary["run"]["autocast_dtype"] is None and summary["run"]["optimizers"][0]["class"] == "SGD"
-    text = _advice(diagnose(summary), "data_loading")
+    text = _advice(_diagnose(summary), "data_loading")
     assert "num_workers=0 loads each batch on the training thread" in text
     assert "pin_memory" not in text and "GPU" not in text
 
@@ -150,7 +150,7 @@ def test_data_advice_leaves_out_loader_settings_already_in_place():
             {**_LOADER, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "shuffle": False},
         ],
     }
-    found = diagnose(_summary(_DATA_BOUND, run=run))
+    found = _diagnose(_summary(_DATA_BOUND, run=run))
     text = _advice(found, "data_loading")
     assert "above 4, what the run used" in text  # the train loader (the shuffling one), not the eval one
     assert "persistent_workers" not in text and "pin_memory" not in text
@@ -158,11 +158,11 @@ def test_data_advice_leaves_out_loader_settings_already_in_place():
     copies = _advice(found, "host_to_device")
     assert "pin_memory=True" not in copies and ".to('cuda', non_blocking=True)" in copies
     # as many workers as CPUs: raising them is not the advice
-    text = _advice(diagnose(_summary(_DATA_BOUND, run={**run, "cpus": 4})), "data_loading")
+    text = _advice(_diagnose(_summary(_DATA_BOUND, run={**run, "cpus": 4})), "data_loading")
     assert "num_workers=4 already has a worker for each of the 4 CPUs" in text and "above 4" not in text
     # one setting missing: that one is proposed, naming the device
     run = {"device": "cuda", "loaders": [{**_LOADER, "pin_memory": False}]}
-    text = _advice(diagnose(_summary(_DATA_BOUND, run=run)), "data_loading")
+    text = _advice(_diagnose(_summary(_DATA_BOUND, run=run)), "data_loading")
     assert "pin_memory=True, so that copies to the cuda device can overlap" in text
     assert "persistent_workers" not in text
 
@@ -175,12 +175,12 @@ def test_compute_advice_leaves_out_what_the_run_does_and_names_the_device():
         "optimizers": [{"class": "AdamW", "fused": True, "foreach": None}],
         "loaders": [_LOADER],
     }
-    text = _advice(diagnose(_summary(_COMPUTE_BOUND, {"optimizer_step": 0.5}, run=done)), "compute_bound")
+    text = _advice(_diagnose(_summary(_COMPUTE_BOUND, {"optimizer_step": 0.5}, run=done)), "compute_bound")
     assert "mixed precision" not in text and "torch.compile" not in text and "fused" not in text
     assert "raise the batch size while cuda memory allows (the run used 64)" in text
     launch = _summary(_COMPUTE_BOUND, run=done)
     launch["gpu_utilization"] = {"mean": 0.3, "min": 0.1}
-    text = _advice(diagnose(launch), "launch_bound")
+    text = _advice(_diagnose(launch), "launch_bound")
     assert "use torch.compile (" not in text and "mode='reduce-overhead'" in text
     bare = {
         "device": "cuda",
@@ -189,20 +189,20 @@ def test_compute_advice_leaves_out_what_the_run_does_and_names_the_device():
         "optimizers": [{"class": "AdamW", "fused": None, "foreach": True}],
         "loaders": [_LOADER],
     }
-    text = _advice(diagnose(_summary(_COMPUTE_BOUND, {"optimizer_step": 0.5}, run=bare)), "compute_bound")
+    text = _advice(_diagnose(_summary(_COMPUTE_BOUND, {"optimizer_step": 0.5}, run=bare)), "compute_bound")
     assert "torch.autocast('cuda', dtype=torch.bfloat16)" in text and "torch.compile(model)" in text
     assert "use fused=True optimizers (on cuda)" in text
     cpu = {**bare, "device": "cpu"}
-    text = _advice(diagnose(_summary(_COMPUTE_BOUND, run=cpu)), "compute_bound")
+    text = _advice(_diagnose(_summary(_COMPUTE_BOUND, run=cpu)), "compute_bound")
     assert "GPU memory" not in text and "batch size" not in text
     assert "torch.autocast('cpu', dtype=torch.bfloat16)" in text
 
 
 def test_without_the_run_section_the_general_advice_stays():
     """Older summary files and Prometheus reports know nothing of the run's settings."""
-    found = diagnose(_summary(_DATA_BOUND))
+    found = _diagnose(_summary(_DATA_BOUND))
     assert [f.advice for f in found if f.kind == "data_loading"][0] == DATALOADER_ADVICE
-    text = _advice(diagnose(_summary(_COMPUTE_BOUND)), "compute_bound")
+    text = _advice(_diagnose(_summary(_COMPUTE_BOUND)), "compute_bound")
     assert "use mixed precision" in text and "GPU memory allows" in text
 
 

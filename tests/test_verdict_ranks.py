@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_training.diagnosis.verdict import diagnose
 from otel_training.diagnosis.verdict_ranks import own_work_parts
-from tests.test_verdict import _summary
+from tests.test_verdict import _diagnose, _summary
 
 
 def _rank(rank, step, waits, parts):
@@ -28,7 +27,7 @@ def test_equal_steps_and_equal_backward_the_straggler_is_named_by_its_backward_c
     # rank 1 computes 100 ms more in backward; rank 0 waits for it in communication
     ranks = [_rank(0, 0.2, 0.1, {"forward": 0.03, "backward": 0.05, "dataloader_next": 0.01}),
              _rank(1, 0.2, 0.0, {"forward": 0.03, "backward": 0.15, "dataloader_next": 0.01})]
-    f = diagnose(_summary({"train_batch": 0.95, "dataloader_next": 0.05}, ranks=ranks))
+    f = _diagnose(_summary({"train_batch": 0.95, "dataloader_next": 0.05}, ranks=ranks))
     st = next(x for x in f if x.kind == "straggler")
     assert st.rank == 1 and st.phase == "backward" and "node1" in st.detail
     assert "its backward takes 100.0 ms more per step" in st.detail
@@ -37,7 +36,7 @@ def test_equal_steps_and_equal_backward_the_straggler_is_named_by_its_backward_c
 
 def test_every_rank_waiting_is_communication_bound_and_no_straggler():
     ranks = [_rank(r, 0.2, 0.12, {"forward": 0.03, "backward": 0.04}) for r in range(4)]
-    f = diagnose(_with_communication(_summary({"train_batch": 0.95}, children={"forward": 0.15, "backward": 0.8},
+    f = _diagnose(_with_communication(_summary({"train_batch": 0.95}, children={"forward": 0.15, "backward": 0.8},
                                               ranks=ranks), 0.6))
     kinds = [x.kind for x in f]
     assert kinds[0] == "communication_bound" and "straggler" not in kinds
@@ -46,7 +45,7 @@ def test_every_rank_waiting_is_communication_bound_and_no_straggler():
 
 def test_even_ranks_with_noise_name_nothing():
     ranks = [_rank(r, 0.035, 0.001 + 0.0005 * r, {"forward": 0.031 + 0.001 * r}) for r in range(4)]
-    kinds = [x.kind for x in diagnose(_summary({"train_batch": 0.95}, ranks=ranks))]
+    kinds = [x.kind for x in _diagnose(_summary({"train_batch": 0.95}, ranks=ranks))]
     assert "straggler" not in kinds and "communication_bound" not in kinds
 
 
@@ -59,24 +58,24 @@ def _with_communication(s, share):
 def test_a_waiting_rank_alone_is_no_compute_bound():
     # one rank's own summary: backward 80% of the step, of which communication 70%
     s = _with_communication(_summary({"train_batch": 0.98}, children={"forward": 0.15, "backward": 0.8}), 0.7)
-    kinds = [x.kind for x in diagnose(s)]
+    kinds = [x.kind for x in _diagnose(s)]
     assert "sync_wait" in kinds and "compute_bound" not in kinds, kinds
 
 
 def _series(own_ms, wait_ms=20.0):
     n = len(own_ms)
-    return {"steps": [10] * n, "step_s": [(o + wait_ms) * 10 / 1e3 for o in own_ms],
+    return {"width": 10, "steps": [10] * n, "step_s": [(o + wait_ms) * 10 / 1e3 for o in own_ms],
             "wait_s": [wait_ms * 10 / 1e3] * n}
 
 
 def test_a_rank_slowing_against_its_own_best_is_named():
     s = _summary({"train_batch": 0.95})
     s.update(rank=3, host="node3", timeseries={"train": _series([50.0] * 12 + [52.0] * 6 + [75.0] * 6)})
-    slow = next(x for x in diagnose(s) if x.kind == "rank_slowdown")
+    slow = next(x for x in _diagnose(s) if x.kind == "rank_slowdown")
     assert slow.rank == 3 and "node3" in slow.detail and "50.0 ms" in slow.detail and "75.0 ms" in slow.detail
 
 
 def test_a_steady_rank_is_not_slowing():
     s = _summary({"train_batch": 0.95})
     s["timeseries"] = {"train": _series([50.0, 55.0, 48.0, 52.0] * 6)}
-    assert "rank_slowdown" not in [x.kind for x in diagnose(s)]
+    assert "rank_slowdown" not in [x.kind for x in _diagnose(s)]

@@ -10,6 +10,10 @@ from Prometheus) the advice is the general one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from otel_training.aggregate.run_model import LoaderFacts, RunFacts
+
 DATALOADER_ADVICE = [
     "raise DataLoader num_workers (measure with `otel-training bench-data "
     "MODULE:FACTORY` where adding workers stops helping)",
@@ -31,34 +35,25 @@ _BENCH = "measure with `otel-training bench-data MODULE:FACTORY --summary FILE` 
 _GPU_DEVICES = ("cuda", "xpu", "mps")
 
 
-def facts_of(summary: dict) -> dict | None:
-    """The ``run`` section of a summary (``run_facts`` in a report merged from files,
-    where ``run`` is the run id), or None."""
-    run = summary.get("run")
-    if isinstance(run, dict):
-        return run
-    facts = summary.get("run_facts")
-    return facts if isinstance(facts, dict) else None
-
-
-def _device(facts: dict | None) -> str | None:
-    return (facts or {}).get("device") or None
+def _device(facts: RunFacts | None) -> str | None:
+    return (facts.device if facts is not None else None) or None
 
 
 def _on_gpu(device: str | None) -> bool:
     return device in _GPU_DEVICES
 
 
-def train_loaders(facts: dict) -> list[dict]:
+def train_loaders(facts: RunFacts) -> list[LoaderFacts]:
     """The loaders that feed training: the shuffling ones when any shuffle, else all."""
-    loaders = [ld for ld in facts.get("loaders") or () if isinstance(ld, dict)]
-    shuffled = [ld for ld in loaders if ld.get("shuffle")]
+    loaders = list(facts.loaders)
+    shuffled = [ld for ld in loaders if ld.shuffle]
     return shuffled or loaders
 
 
-def loader_advice(loaders, facts: dict | None) -> list[str]:
+def loader_advice(loaders: Iterable[str], facts: RunFacts | None) -> list[str]:
     """The data-loading fixes for the loaders that drove the run (summary ``loaders``),
     leaving out the settings already in place."""
+    loaders = tuple(loaders)
     if "grain" in loaders and "torch" not in loaders:
         return list(GRAIN_ADVICE)
     torch_advice = _dataloader_advice(facts)
@@ -67,12 +62,12 @@ def loader_advice(loaders, facts: dict | None) -> list[str]:
     return torch_advice
 
 
-def _dataloader_advice(facts: dict | None) -> list[str]:
+def _dataloader_advice(facts: RunFacts | None) -> list[str]:
     seen = train_loaders(facts) if facts else []
     if not seen:
         return list(DATALOADER_ADVICE)
     device = _device(facts)
-    workers = min(int(ld.get("num_workers") or 0) for ld in seen)
+    workers = min(int(ld.num_workers or 0) for ld in seen)
     out = []
     if workers == 0:
         out.append(
@@ -83,20 +78,20 @@ def _dataloader_advice(facts: dict | None) -> list[str]:
             "with workers, set persistent_workers=True so they survive between epochs, and "
             "prefetch_factor (default 2) so batches queue up ahead of the step"
         )
-    elif facts and facts.get("cpus") and workers >= int(facts["cpus"]):
+    elif facts is not None and facts.cpus and workers >= int(facts.cpus):
         out.append(
-            f"num_workers={workers} already has a worker for each of the {facts['cpus']} CPUs: more workers "
+            f"num_workers={workers} already has a worker for each of the {facts.cpus} CPUs: more workers "
             "only help while they wait on I/O; make each sample cheaper (below)"
         )
     else:
         out.append(f"raise DataLoader num_workers above {workers}, what the run used ({_BENCH})")
         extra = []
-        if not all(ld.get("persistent_workers") for ld in seen):
+        if not all(ld.persistent_workers for ld in seen):
             extra.append("set persistent_workers=True so workers survive between epochs")
-        prefetch = min(int(ld.get("prefetch_factor") or 2) for ld in seen)
+        prefetch = min(int(ld.prefetch_factor or 2) for ld in seen)
         extra.append(f"raise prefetch_factor above {prefetch} so more batches queue up ahead of the step")
         out.append(", and ".join(extra))
-    if _on_gpu(device) and not all(ld.get("pin_memory") for ld in seen):
+    if _on_gpu(device) and not all(ld.pin_memory for ld in seen):
         out.append(f"pin_memory=True, so that copies to the {device} device can overlap with compute")
     gpu_aug = f"move augmentation to the {device} device" if _on_gpu(device) else "augment whole batches as tensors"
     out.append(
@@ -105,10 +100,10 @@ def _dataloader_advice(facts: dict | None) -> list[str]:
     return out
 
 
-def host_to_device_advice(facts: dict | None) -> list[str]:
+def host_to_device_advice(facts: RunFacts | None) -> list[str]:
     device = _device(facts)
     loaders = train_loaders(facts) if facts else []
-    pinned = bool(loaders) and all(ld.get("pin_memory") for ld in loaders)
+    pinned = bool(loaders) and all(ld.pin_memory for ld in loaders)
     if not facts or not device:
         first = "pin_memory=True in the DataLoader and .to(device, non_blocking=True)"
     elif pinned:
@@ -125,19 +120,19 @@ def host_to_device_advice(facts: dict | None) -> list[str]:
     ]
 
 
-def _all_fused(facts: dict) -> bool:
-    opts = [o for o in facts.get("optimizers") or () if isinstance(o, dict)]
-    return bool(opts) and all(o.get("fused") for o in opts)
+def _all_fused(facts: RunFacts) -> bool:
+    opts = facts.optimizers
+    return bool(opts) and all(o.fused for o in opts)
 
 
-def _batch_size(facts: dict) -> int | None:
-    sizes = [ld.get("batch_size") for ld in train_loaders(facts) if ld.get("batch_size")]
+def _batch_size(facts: RunFacts) -> int | None:
+    sizes = [ld.batch_size for ld in train_loaders(facts) if ld.batch_size]
     return sizes[0] if sizes else None
 
 
-def compute_advice(facts: dict | None, optimizer_heavy: bool) -> list[str]:
+def compute_advice(facts: RunFacts | None, optimizer_heavy: bool) -> list[str]:
     """The compute-bound advice: cheaper math, less overhead."""
-    if not facts or not _device(facts):
+    if facts is None or not _device(facts):
         advice = [
             "use mixed precision: torch.autocast(device_type, dtype=torch.bfloat16)",
             "raise the batch size while GPU memory allows (scale the learning rate)",
@@ -151,7 +146,7 @@ def compute_advice(facts: dict | None, optimizer_heavy: bool) -> list[str]:
     fused = _all_fused(facts)
     if optimizer_heavy and not fused:
         advice.append(f"the optimizer step is large: use fused=True optimizers (on {device})")
-    if not facts.get("autocast_dtype"):
+    if not facts.autocast_dtype:
         if device == "cpu":
             advice.append(
                 "use mixed precision on the cpu: torch.autocast('cpu', dtype=torch.bfloat16) "
@@ -169,7 +164,7 @@ def compute_advice(facts: dict | None, optimizer_heavy: bool) -> list[str]:
             "(OMP_NUM_THREADS); a GPU is the large step"
         )
     parts = []
-    if not facts.get("compiled"):
+    if not facts.compiled:
         parts.append("torch.compile(model)")
     if not fused:
         parts.append("fused optimizers (fused=True)")

@@ -8,6 +8,7 @@ what removing it could give back to training. Findings of the step time
 
 from __future__ import annotations
 
+from otel_training.aggregate.run_model import Checkpoint, Coverage, Job, RunFacts, RunView
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
 
@@ -31,7 +32,7 @@ def _s(x: float) -> str:
 SHORT_RUN_S = 600.0  # a run this short is a trial: its start-up share says little of a real run
 
 
-def _startup_advice(job: dict, share: dict, wall: float, facts: dict | None) -> list[str]:
+def _startup_advice(job: Job, share: dict[str, float], wall: float, facts: RunFacts | None) -> list[str]:
     """What shortens start-up, for what this run does: compile caches only where it
     compiled, spawned DataLoader workers only where it has workers (each unknown: kept)."""
     advice = []
@@ -40,15 +41,15 @@ def _startup_advice(job: dict, share: dict, wall: float, facts: dict | None) -> 
             f"a run this short ({_s(wall)}) spends much of its time starting: start-up (imports, model build) "
             "is paid once, so judge goodput on a run of real length"
         )
-    comp = job.get("compile")
-    if not isinstance(comp, dict) or comp.get("compilations") or share.get("compile", 0.0) >= 0.01:
+    comp = job.compile
+    if comp is None or comp.compilations or share.get("compile", 0.0) >= 0.01:
         advice.append(
             "keep torch.compile's caches between runs: TORCHINDUCTOR_CACHE_DIR on a persistent disk "
             "(the FX graph and AOTAutograd caches reuse compiled code)"
         )
     # Every loader's workers re-import the script, an eval loader's too.
-    loaders = [ld for ld in (facts or {}).get("loaders") or () if isinstance(ld, dict)]
-    if not loaders or any(int(ld.get("num_workers") or 0) > 0 for ld in loaders):
+    loaders = facts.loaders if facts is not None else ()
+    if not loaders or any(int(ld.num_workers or 0) > 0 for ld in loaders):
         advice.append(
             "spawned workers (DataLoader workers with the spawn start method, torch.multiprocessing.spawn) "
             're-import the training script: keep set-up under `if __name__ == "__main__":` and use '
@@ -61,26 +62,26 @@ def _startup_advice(job: dict, share: dict, wall: float, facts: dict | None) -> 
     return advice
 
 
-def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | None = None) -> list[Finding]:
+def job_findings(job: Job | None, coverage: Coverage | None = None, facts: RunFacts | None = None) -> list[Finding]:
     """Ranked findings for a ``job`` section (empty without one); ``facts``: the
     summary's ``run`` section, where known, so advice leaves out what does not apply."""
-    if not job or not job.get("wall_s"):
+    if job is None or not job.wall_s:
         return []
-    wall = float(job["wall_s"])
-    act = {k: float(v or 0.0) for k, v in (job.get("activities") or {}).items()}
+    wall = float(job.wall_s)
+    act = {k: float(v or 0.0) for k, v in job.activities.items()}
     share = {k: v / wall for k, v in act.items()}
     where = f"of the {_s(wall)} wall time"
     out: list[Finding] = []
 
     ckpt = share.get("checkpoint", 0.0)
     if ckpt >= THRESHOLDS["checkpoint"]:
-        c = job.get("checkpoint") or {}
+        c = job.checkpoint or Checkpoint()
         parts = []
-        if c.get("saves"):
-            parts.append(f"{c['saves']} saves {_s(c.get('save_s') or 0.0)}")
-        if c.get("loads"):
-            parts.append(f"{c['loads']} loads {_s(c.get('load_s') or 0.0)}")
-        calls = ", ".join(x["name"] for x in (c.get("calls") or [])[:3])
+        if c.saves:
+            parts.append(f"{c.saves} saves {_s(c.save_s or 0.0)}")
+        if c.loads:
+            parts.append(f"{c.loads} loads {_s(c.load_s or 0.0)}")
+        calls = ", ".join(x.name for x in c.calls[:3])
         detail = f"checkpoint saves and loads are {_pct(ckpt)} {where}"
         if parts:
             detail += f" ({', '.join(parts)}" + (f": {calls}" if calls else "") + ")"
@@ -90,7 +91,7 @@ def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | N
             "save less often (every N steps or epochs, and once at the end)",
             "write to a faster filesystem (local NVMe), and copy to network or object storage in the background",
         ]
-        if (c.get("load_s") or 0.0) > (c.get("save_s") or 0.0):
+        if (c.load_s or 0.0) > (c.save_s or 0.0):
             advice.insert(
                 0, "resuming loads the checkpoint: load from local disk, with torch.load(mmap=True) or safetensors"
             )
@@ -100,10 +101,9 @@ def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | N
     if start >= THRESHOLDS["startup"]:
         detail = f"start-up (process start to the first step) is {_pct(share.get('startup', 0.0))} {where}"
         if share.get("compile", 0.0) >= 0.01:
-            comp = job.get("compile") or {}
             detail += f", torch.compile's compilation {_pct(share['compile'])}"
-            if comp.get("recompilations"):
-                detail += f" ({comp['recompilations']} recompilations)"
+            if job.compile is not None and job.compile.recompilations:
+                detail += f" ({job.compile.recompilations} recompilations)"
         advice = _startup_advice(job, share, wall, facts)
         out.append(Finding("startup_bound", start, "start-up-bound", detail, advice))
 
@@ -126,10 +126,10 @@ def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | N
     other = share.get("other", 0.0)
     if other >= THRESHOLDS["other"]:
         detail = f"{_pct(other)} {where} lies between steps in no step, checkpoint or named phase"
-        if coverage and coverage.get("largest_gap_s"):
-            after = coverage.get("largest_gap_after_step")
+        if coverage is not None and coverage.largest_gap_s:
+            after = coverage.largest_gap_after_step
             place = f"after train step {after}" if after is not None else "before the first train step"
-            detail += f" (largest gap {_s(float(coverage['largest_gap_s']))} {place})"
+            detail += f" (largest gap {_s(float(coverage.largest_gap_s))} {place})"
         out.append(
             Finding(
                 "other_bound",
@@ -145,7 +145,7 @@ def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | N
             )
         )
 
-    for name in job.get("named") or ():
+    for name in job.named:
         s = share.get(name, 0.0)
         if s >= THRESHOLDS["named"]:
             out.append(
@@ -159,41 +159,41 @@ def job_findings(job: dict | None, coverage: dict | None = None, facts: dict | N
                 )
             )
 
-    lost = float(job.get("slow_step_badput_s") or 0.0) / wall
-    if lost >= THRESHOLDS["slow_steps"] and job.get("ideal_step_s"):
+    lost = float(job.slow_step_badput_s or 0.0) / wall
+    if lost >= THRESHOLDS["slow_steps"] and job.ideal_step_s:
         out.append(
             Finding(
                 "slow_steps",
                 lost,
                 "slow steps",
-                f"{job.get('slow_steps', 0)} train steps slower than the ideal "
-                f"{float(job['ideal_step_s']) * 1e3:.1f} ms lost {_pct(lost)} {where}",
+                f"{job.slow_steps or 0} train steps slower than the ideal "
+                f"{float(job.ideal_step_s) * 1e3:.1f} ms lost {_pct(lost)} {where}",
                 [
                     "look at the slowest steps' traces (tail capture keeps them): garbage collection, "
                     "a slow batch, a synchronization with another rank",
                 ],
             )
         )
-    restart = _restart_finding(job.get("run"))
+    restart = _restart_finding(job.run)
     if restart is not None:
         out.append(restart)
     out.sort(key=lambda f: f.score, reverse=True)
     return out
 
 
-def _restart_finding(run: dict | None) -> Finding | None:
+def _restart_finding(run: RunView | None) -> Finding | None:
     """Restart-bound: the time between a restarted run's attempts and the train steps
     a resumed attempt did again, as a share of the run's wall time."""
-    if not run or not run.get("wall_s"):
+    if run is None or not run.wall_s:
         return None
-    wall = float(run["wall_s"])
-    restart, lost = float(run.get("restart_s") or 0.0), float(run.get("lost_progress_s") or 0.0)
+    wall = float(run.wall_s)
+    restart, lost = float(run.restart_s or 0.0), float(run.lost_progress_s or 0.0)
     share = (restart + lost) / wall
     if share < THRESHOLDS["restart"]:
         return None
     detail = (
         f"restarts ({_s(restart)}) and progress lost to resuming from an earlier checkpoint ({_s(lost)}) "
-        f"are {_pct(share)} of the run's {_s(wall)} over {run.get('attempts')} attempts"
+        f"are {_pct(share)} of the run's {_s(wall)} over {run.attempts} attempts"
     )
     advice = [
         "find why the attempt before failed: its rank's traceback (decorate main with "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from otel_training.aggregate.coverage import gap_place
-from otel_training.aggregate.run_model import Coverage, Flops
+from otel_training.aggregate.run_model import Coverage, Flops, Memory
 from otel_training.diagnosis.formatting import byte_size, si
 from otel_training.diagnosis.words import plural
 
@@ -65,16 +65,16 @@ def compute_text(f: Flops) -> str:
     return text
 
 
-def memory_text(mem: dict) -> str:
+def memory_text(mem: Memory) -> str:
     """``memory: peak 12.3 GiB allocated ...`` (CUDA) or ``memory: RSS ...`` (CPU)."""
-    if mem.get("kind") == "cuda":
+    if mem.kind == "cuda":
         text = (
-            f"memory: peak {byte_size(mem.get('peak_allocated_bytes'))} allocated, "
-            f"{byte_size(mem.get('peak_reserved_bytes'))} reserved per step; "
-            f"{byte_size(mem.get('last_bytes'))} allocated at the last step end"
+            f"memory: peak {byte_size(mem.peak_allocated_bytes)} allocated, "
+            f"{byte_size(mem.peak_reserved_bytes)} reserved per step; "
+            f"{byte_size(mem.last_bytes)} allocated at the last step end"
         )
-        if mem.get("device"):
-            text += f" ({mem['device']})"
-        return text + f"; {mem.get('alloc_retries', 0)} allocator retries, {mem.get('ooms', 0)} OOMs"
-    text = f"memory: RSS {byte_size(mem.get('last_bytes'))} at the last step end"
-    return text + (f" ({byte_size(mem['first_bytes'])} at the first)" if mem.get("first_bytes") else "")
+        if mem.device:
+            text += f" ({mem.device})"
+        return text + f"; {mem.alloc_retries or 0} allocator retries, {mem.ooms or 0} OOMs"
+    text = f"memory: RSS {byte_size(mem.last_bytes)} at the last step end"
+    return text + (f" ({byte_size(mem.first_bytes)} at the first)" if mem.first_bytes else "")

@@ -49,9 +49,8 @@ def render_summary(summary: Run | dict) -> str:
             total_idle = sum(idle.values())
             worst = max(idle, key=lambda name: idle[name])
             lines.append(f"  GPU idle {total_idle / m.step_time_s * 100:.1f}% of step time (mostly during {worst})")
-    summary = run.to_dict()  # (what the verdict and the goodput text read)
     if run.memory is not None:
-        lines.append("  " + memory_text(run.memory.to_dict()))
+        lines.append("  " + memory_text(run.memory))
     coverage = coverage_line(run.coverage)
     if coverage:
         lines.append(coverage)
@@ -60,12 +59,12 @@ def render_summary(summary: Run | dict) -> str:
     bad = {k: v for k, v in run.telemetry.to_dict().items() if v}
     if bad:
         lines.append("  telemetry problems: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
-    found = diagnose(summary)
+    found = diagnose(run)
     if found:
         lines.extend(verdict_lines(found[0]))
     for f in found[1:]:
         if f.kind == "memory_creep":
             lines.append(f"{f.title}: {f.detail}")
             lines.extend(f"  - {a}" for a in f.advice[:2])
-    lines.extend(summary_lines(summary))  # the goodput bar
+    lines.extend(summary_lines(run))  # the goodput bar
     return "\n".join(lines)

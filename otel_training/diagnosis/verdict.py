@@ -1,14 +1,10 @@
 """Turn a run summary into ranked findings: what holds the step, and what to do.
 
-``diagnose(summary)`` reads the run-end summary schema (``otel-training/summary/v1``:
-``modes.<mode>.phases`` with shares of step time) and returns :class:`Finding` s,
-most important first. ``otel-training report`` passes the same shape with two
-optional additions it measures elsewhere:
-
-- ``"gpu_utilization": {"mean": 0.35, "min": 0.1}`` (ratios, all GPUs of the run);
-- ``"ranks": [{"rank": 0, "host": "a", "step_mean_s": 0.12, "phases": {"dataloader_next": 0.4},
-  "phase_mean_s": {"dataloader_next": 0.05}}]`` (per rank: mean step time, top-level phase
-  shares and optionally seconds per step, for straggler detection).
+``diagnose(run)`` reads a run summary (:class:`Run`: each mode's phases with shares
+of step time) and returns :class:`Finding` s, most important first. ``otel-training
+report`` passes an :class:`Evidence` (evidence.py): the same modes with what it
+measures elsewhere, the mean GPU utilization and each rank's own numbers
+(:class:`RankTimes`, for straggler detection).
 
 A finding's ``score`` is the share of step time it explains (0..1; what removing the
 bottleneck could save at most), so findings from different causes rank together.
@@ -16,8 +12,12 @@ bottleneck could save at most), so findings from different causes rank together.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from otel_training import semconv as sc
-from otel_training.diagnosis.advice import compute_advice, facts_of, host_to_device_advice, loader_advice
+from otel_training.aggregate.run_model import Memory, Mode, Phase, Run, RunFacts
+from otel_training.diagnosis.advice import compute_advice, host_to_device_advice, loader_advice
+from otel_training.diagnosis.evidence import Evidence
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.finding import pct as _pct
 from otel_training.diagnosis.verdict_ranks import (
@@ -58,18 +58,18 @@ _BUILTIN = {
 }
 
 
-def pick_mode(summary: dict) -> str | None:
+def pick_mode(modes: Mapping[str, Mode]) -> str | None:
     """The mode to diagnose: ``train`` when it has steps, else the busiest mode."""
-    modes = {k: v for k, v in (summary.get("modes") or {}).items() if v and v.get("steps")}
-    if not modes:
+    busy = {k: v for k, v in modes.items() if v.steps}
+    if not busy:
         return None
-    if sc.MODE_TRAIN in modes:
+    if sc.MODE_TRAIN in busy:
         return sc.MODE_TRAIN
-    return max(modes, key=lambda m: modes[m].get("step_time_s") or 0.0)
+    return max(busy, key=lambda m: busy[m].step_time_s or 0.0)
 
 
-def _shares(mode: dict) -> dict[tuple, dict]:
-    return {(p.get("parent", "step"), p["name"]): p for p in mode.get("phases") or [] if "name" in p}
+def _shares(mode: Mode) -> dict[tuple[str, str], Phase]:
+    return {(p.parent, p.name): p for p in mode.phases}
 
 
 def _callback_label(name: str) -> str:
@@ -77,9 +77,10 @@ def _callback_label(name: str) -> str:
     return name[len(CALLBACK_PREFIX) :]
 
 
-def diagnose(summary: dict) -> list[Finding]:
-    """Ranked findings for ``summary`` (never empty when a mode has steps)."""
-    mode_name = pick_mode(summary)
+def diagnose(subject: Run | Evidence) -> list[Finding]:
+    """Ranked findings for a run or a report's evidence (never empty when a mode has steps)."""
+    ev = Evidence.of_run(subject) if isinstance(subject, Run) else subject
+    mode_name = pick_mode(ev.modes)
     if mode_name is None:
         return [
             Finding(
@@ -90,20 +91,19 @@ def diagnose(summary: dict) -> list[Finding]:
                 ["check that the training loop iterates a torch DataLoader, or mark steps with otel_training.step()"],
             )
         ]
-    mode = summary["modes"][mode_name]
+    mode = ev.modes[mode_name]
     phases = _shares(mode)
     top = {name: p for (parent, name), p in phases.items() if parent == "step"}
-    share = {name: float(p.get("share") or 0.0) for name, p in top.items()}
-    step_time = float(mode.get("step_time_s") or 0.0)
-    gpu = summary.get("gpu_utilization") or {}
-    gpu_mean = gpu.get("mean")
+    share = {name: float(p.share or 0.0) for name, p in top.items()}
+    step_time = float(mode.step_time_s or 0.0)
+    gpu_mean = ev.gpu_mean
     where = f"of {mode_name} step time"
-    facts = facts_of(summary)  # what the run already does: advice leaves it out
+    facts = ev.facts  # what the run already does: advice leaves it out
     findings: list[Finding] = []
 
     # --- data loading --------------------------------------------------------------
     dl = share.get(sc.PHASE_DATALOADER_NEXT, 0.0)
-    idle = (mode.get("gpu_idle_s") or {}).get(sc.PHASE_DATALOADER_NEXT)
+    idle = mode.gpu_idle_s.get(sc.PHASE_DATALOADER_NEXT)
     if dl >= THRESHOLDS[sc.PHASE_DATALOADER_NEXT]:
         detail = f"waiting for the next batch (dataloader_next) is {_pct(dl)} {where}"
         if idle and step_time:
@@ -114,7 +114,7 @@ def diagnose(summary: dict) -> list[Finding]:
                 dl,
                 "data-loading bound",
                 detail,
-                loader_advice(summary.get("loaders") or (), facts),
+                loader_advice(ev.loaders, facts),
                 phase=sc.PHASE_DATALOADER_NEXT,
             )
         )
@@ -212,13 +212,13 @@ def diagnose(summary: dict) -> list[Finding]:
         )
 
     # --- compute ----------------------------------------------------------------------
-    findings.extend(_compute_findings(share, phases, gpu, where, mode_name, facts))
+    findings.extend(_compute_findings(share, phases, gpu_mean, where, mode_name, facts))
 
     # --- ranks and their waits ------------------------------------------------------------
-    ranks = summary.get("ranks") or []
+    ranks = list(ev.ranks)
     findings.extend(_straggler_findings(ranks))
     findings.extend(communication_findings(ranks))
-    findings.extend(slowdown_findings(rank_series(summary, mode_name)))  # each rank against its own best
+    findings.extend(slowdown_findings(rank_series(ev.timeseries, mode_name)))  # each rank against its own best
     if len(ranks) < 2:
         findings.extend(sync_wait_findings(phases, where))
 
@@ -252,13 +252,12 @@ def diagnose(summary: dict) -> list[Finding]:
                 ],
             ),
         )
-    memory = summary.get("memory")  # a summary's dict, or a report's list (one per rank)
-    for m in memory if isinstance(memory, list) else [memory]:
-        creep = memory_creep_finding(m, (m or {}).get("rank"))
+    for m in ev.memory:  # a summary's one, or a report's (one per rank)
+        creep = memory_creep_finding(m.memory, m.rank)
         if creep is not None:  # not a share of step time: right after the top finding
             findings.insert(1, creep)
-    tel = summary.get("telemetry") or {}
-    lost = sum(int(tel.get(k) or 0) for k in ("spans_dropped", "steps_dropped", "export_failures"))
+    tel = ev.telemetry
+    lost = tel.spans_dropped + tel.steps_dropped + tel.export_failures
     if lost:
         findings.append(
             Finding(
@@ -272,17 +271,17 @@ def diagnose(summary: dict) -> list[Finding]:
     return findings
 
 
-def memory_creep_finding(memory: dict | None, rank: int | None = None) -> Finding | None:
+def memory_creep_finding(memory: Memory | None, rank: int | None = None) -> Finding | None:
     """Memory at step ends that grows steadily over the run (the summary's
     ``memory.creep``, aggregate/memory.py): a leak, with its rate and likely causes."""
-    creep = (memory or {}).get("creep")
-    if not memory or not creep:
+    creep = memory.creep if memory is not None else None
+    if memory is None or creep is None:
         return None
-    what = "device memory allocated to tensors" if memory.get("kind") == "cuda" else "the process's resident memory"
+    what = "device memory allocated to tensors" if memory.kind == "cuda" else "the process's resident memory"
     detail = (
-        f"{what} at step ends grows {creep['mb_per_100_steps']:.1f} MB per 100 steps "
-        f"({creep['growth_bytes'] / 1e6:,.0f} MB from step {creep['from_step']} to {creep['to_step']}, "
-        f"steadily: r² {creep['r2']:.2f}); the run will run out of memory if it goes on long enough"
+        f"{what} at step ends grows {creep.mb_per_100_steps:.1f} MB per 100 steps "
+        f"({creep.growth_bytes / 1e6:,.0f} MB from step {creep.from_step} to {creep.to_step}, "
+        f"steadily: r² {creep.r2:.2f}); the run will run out of memory if it goes on long enough"
     )
     return Finding(
         "memory_creep",
@@ -302,13 +301,13 @@ def memory_creep_finding(memory: dict | None, rank: int | None = None) -> Findin
     )
 
 
-def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
+def _callback_findings(phases: dict[tuple[str, str], Phase], where: str) -> list[Finding]:
     """One finding per callback class whose hooks together exceed the threshold."""
     per_class: dict[str, list[tuple]] = {}
     for (_parent, name), p in phases.items():
         if name.startswith(CALLBACK_PREFIX):
             cls = _callback_label(name).rsplit(".", 1)[0]
-            per_class.setdefault(cls, []).append((float(p.get("share") or 0.0), name))
+            per_class.setdefault(cls, []).append((float(p.share or 0.0), name))
     out = []
     for cls, items in per_class.items():
         total = sum(s for s, _ in items)
@@ -332,14 +331,20 @@ def _callback_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
     return out
 
 
-def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Finding]:
+def _compute_findings(
+    share: dict[str, float],
+    phases: dict[tuple[str, str], Phase],
+    gpu_mean: float | None,
+    where: str,
+    mode_name: str,
+    facts: RunFacts | None,
+) -> list[Finding]:
     batch = sc.PHASE_TRAIN_BATCH if mode_name == sc.MODE_TRAIN else sc.PHASE_EVAL_BATCH
     # Waiting for other ranks inside the batch (DDP's gradient sync) is no compute.
     tb = share.get(batch, 0.0) - waits_share(phases)
     if tb < COMPUTE_SHARE:
         return []
-    gpu_mean = gpu.get("mean")
-    kids = {name: float(p.get("share") or 0.0) for (parent, name), p in phases.items() if parent == batch}
+    kids = {name: float(p.share or 0.0) for (parent, name), p in phases.items() if parent == batch}
     inner = max(kids.items(), key=lambda kv: kv[1]) if kids else None
     inner_txt = f"; {inner[0]} is the largest part ({_pct(inner[1])} of {batch})" if inner else ""
     advice = compute_advice(facts, bool(inner and inner[0] == sc.PHASE_OPTIMIZER_STEP and inner[1] >= 0.3))
@@ -370,7 +375,7 @@ def _compute_findings(share, phases, gpu, where, mode_name, facts) -> list[Findi
             [
                 "raise the batch size so each kernel does more work",
                 "compile with torch.compile(model, mode='reduce-overhead') for CUDA graphs"
-                if (facts or {}).get("compiled")
+                if facts is not None and facts.compiled
                 else "use torch.compile (mode='reduce-overhead' for CUDA graphs)",
                 "look for host syncs or Python-heavy code inside forward/backward",
             ],

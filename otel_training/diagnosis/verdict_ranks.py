@@ -6,18 +6,21 @@ gradient sync, record/grad_sync.py) and ``reduce_metrics`` (the user's collectiv
 Ranks that synchronize take the same step time; the straggler is the one with the
 most own work, named with the part of it that is larger than on the other ranks.
 
-A rank row (``ranks`` of a report, report/sources.py ``add_rank``) carries
-``step_mean_s``, ``phases`` (top-level shares), optionally ``phase_mean_s`` (top-level
-seconds per step) and, where the phase tree was known, ``wait_mean_s`` (its waits,
-seconds per step) and ``part_mean_s`` (its own work by part: the batch's children
-with their waits taken out, and the top-level phases).
+A rank (:class:`RankTimes`, from a report's rank rows, report/sources.py ``add_rank``)
+carries ``step_mean_s``, ``phases`` (top-level shares), optionally ``phase_mean_s``
+(top-level seconds per step) and, where the phase tree was known, ``wait_mean_s`` (its
+waits, seconds per step) and ``part_mean_s`` (its own work by part: the batch's
+children with their waits taken out, and the top-level phases).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from statistics import median
 
 from otel_training import semconv as sc
+from otel_training.aggregate.run_model import Phase, Series
+from otel_training.diagnosis.evidence import RankSeries, RankTimes
 from otel_training.diagnosis.finding import Finding, pct
 
 STRAGGLER_RATIO = 1.15  # a rank's mean step (or own work) this much above the others' median
@@ -63,18 +66,17 @@ _PART_ADVICE = {
 }
 
 
-def _guessed_waits(rank: dict) -> float:
-    phases = rank.get("phase_mean_s") or {}
-    return sum(phases.get(p, 0.0) for p in _GUESSED_WAITS)
+def _guessed_waits(rank: RankTimes) -> float:
+    return sum(rank.phase_mean_s.get(p, 0.0) for p in _GUESSED_WAITS)
 
 
-def own_work(rank: dict) -> float:
+def own_work(rank: RankTimes) -> float:
     """Seconds per step of the rank's own work: its step minus its waits (a guess
     from top-level phases for rows without the phase tree: backward holds DDP's wait)."""
-    waits = rank.get("wait_mean_s")
+    waits = rank.wait_mean_s
     if waits is None:
         waits = _guessed_waits(rank)
-    return max(0.0, rank["step_mean_s"] - waits)
+    return max(0.0, (rank.step_mean_s or 0.0) - waits)
 
 
 def own_work_parts(phases: list[tuple[str, str, float]]) -> tuple[float, dict[str, float]]:
@@ -96,7 +98,7 @@ def own_work_parts(phases: list[tuple[str, str, float]]) -> tuple[float, dict[st
     return waits, parts
 
 
-def slowest(ranks: list[dict], key) -> tuple:
+def slowest(ranks: Sequence[RankTimes], key: Callable[[RankTimes], float]) -> tuple[RankTimes, float, float]:
     """``(slowest rank, its key over the others' median, its excess over that median)``
     (a ratio of 0.0 where the median is 0); ``ranks``: two or more."""
     slow = max(ranks, key=key)
@@ -104,36 +106,46 @@ def slowest(ranks: list[dict], key) -> tuple:
     return slow, (key(slow) / med if med else 0.0), key(slow) - med
 
 
-def _cause(slow: dict, others: list[dict]) -> tuple[str | None, float, str]:
+def _by_part(rank: RankTimes, field_: str) -> Mapping[str, float]:
+    if field_ == "part_mean_s":
+        return rank.part_mean_s or {}
+    return rank.phase_mean_s if field_ == "phase_mean_s" else rank.phases
+
+
+def _cause(slow: RankTimes, others: list[RankTimes]) -> tuple[str | None, float, str]:
     """The part of ``slow``'s work most above the others' median: (name, excess, field)."""
-    field_ = next((f for f in ("part_mean_s", "phase_mean_s") if slow.get(f)), "phases")
+    field_ = next((f for f in ("part_mean_s", "phase_mean_s") if _by_part(slow, f)), "phases")
     diff_phase, diff = None, 0.0
-    for name, v in (slow.get(field_) or {}).items():
+    for name, v in _by_part(slow, field_).items():
         if name in WAITS:
             continue
-        base = median([(r.get(field_) or {}).get(name, 0.0) for r in others])
+        base = median([_by_part(r, field_).get(name, 0.0) for r in others])
         if v - base > diff:
             diff_phase, diff = name, v - base
     return diff_phase, diff, field_
 
 
-def straggler_findings(ranks: list[dict]) -> list[Finding]:
-    timed = [r for r in ranks if r.get("step_mean_s")]
+def _step(rank: RankTimes) -> float:
+    return rank.step_mean_s or 0.0
+
+
+def straggler_findings(ranks: Sequence[RankTimes]) -> list[Finding]:
+    timed = [r for r in ranks if r.step_mean_s]
     if len(timed) < 2:
         return []
-    slow, ratio, excess = slowest(timed, lambda r: r["step_mean_s"])
+    slow, ratio, excess = slowest(timed, _step)
     by_own = ratio < STRAGGLER_RATIO
     if by_own:
         # Synchronized ranks (DDP) all take the same step time: the straggler shows in
         # its own work, outside the phases where the others wait for it.
         slow, ratio, excess = slowest(timed, own_work)
-        if ratio < STRAGGLER_RATIO or excess < STRAGGLER_EXCESS * slow["step_mean_s"]:
+        if ratio < STRAGGLER_RATIO or excess < STRAGGLER_EXCESS * _step(slow):
             return []
     others = [r for r in timed if r is not slow]
     diff_phase, diff, field_ = _cause(slow, others)
-    where = f" on {slow['host']}" if slow.get("host") else ""
+    where = f" on {slow.host}" if slow.host else ""
     detail = (
-        f"rank {slow.get('rank')}{where} averages {slow['step_mean_s'] * 1e3:.1f} ms per "
+        f"rank {slow.rank}{where} averages {_step(slow) * 1e3:.1f} ms per "
         f"step ({own_work(slow) * 1e3:.1f} ms of its own work outside waits), {ratio:.2f}x the other ranks' "
         f"{'own work' if by_own else 'step'} median"
     )
@@ -153,25 +165,27 @@ def straggler_findings(ranks: list[dict]) -> list[Finding]:
         Finding(
             "straggler",
             # the share of the step the others wait for it
-            min(1.0, excess / slow["step_mean_s"] if by_own else 1.0 - 1.0 / ratio),
-            f"straggler rank {slow.get('rank')}",
+            min(1.0, excess / _step(slow) if by_own else 1.0 - 1.0 / ratio),
+            f"straggler rank {slow.rank}",
             detail,
             advice,
             phase=diff_phase,
-            rank=slow.get("rank"),
+            rank=slow.rank,
         )
     ]
 
 
-def communication_findings(ranks: list[dict]) -> list[Finding]:
+def communication_findings(ranks: Sequence[RankTimes]) -> list[Finding]:
     """Every rank waits in its gradient sync and collectives: the network, not a straggler."""
-    shares = [(r["wait_mean_s"] / r["step_mean_s"], r) for r in ranks if r.get("step_mean_s") and "wait_mean_s" in r]
+    shares = [
+        (r.wait_mean_s, r.wait_mean_s / r.step_mean_s) for r in ranks if r.step_mean_s and r.wait_mean_s is not None
+    ]
     if len(shares) < 2 or len(shares) < len(ranks):
         return []
-    least, _ = min(shares, key=lambda s: s[0])
+    least = min(share for _, share in shares)
     if least < COMMUNICATION_SHARE:
         return []
-    mean_wait = sum(r["wait_mean_s"] for _, r in shares) / len(shares)
+    mean_wait = sum(wait for wait, _ in shares) / len(shares)
     return [
         Finding(
             "communication_bound",
@@ -190,28 +204,26 @@ SLOWDOWN_EXCESS = 0.1  # ... by at least this share of its mean step
 _PARTS = 4  # the run's windows (the first left out: warm-up) in this many parts
 
 
-def _own_per_step(cols: dict) -> list[float]:
+def _own_per_step(cols: Series) -> list[float]:
     """Own work per step in each window of a timeseries (aggregate/timeseries.py)."""
-    steps, step_s = cols.get("steps") or [], cols.get("step_s") or []
-    wait = cols.get("wait_s") or [0.0] * len(steps)
+    steps, step_s = cols.steps, cols.step_s
+    wait = cols.wait_s or (0.0,) * len(steps)
     return [(s - w) / n for n, s, w in zip(steps, step_s, wait) if n]
 
 
-def rank_series(summary: dict, mode: str) -> list[tuple]:
-    """``(rank, host, columns)`` of each rank's timeseries for ``mode``: one summary's
-    (a dict per mode) or a report's (a list per rank)."""
-    ts = summary.get("timeseries")
-    if isinstance(ts, dict):
-        return [(summary.get("rank"), summary.get("host"), ts.get(mode))]
-    return [(r.get("rank"), r.get("host"), (r.get("modes") or {}).get(mode)) for r in ts or () if isinstance(r, dict)]
+def rank_series(series: Sequence[RankSeries], mode: str) -> list[tuple[int | None, str | None, Series | None]]:
+    """``(rank, host, windows)`` of each rank's timeseries for ``mode``."""
+    return [(r.rank, r.host, r.modes.get(mode)) for r in series]
 
 
-def slowdown_findings(series: list[tuple]) -> list[Finding]:
+def slowdown_findings(series: list[tuple[int | None, str | None, Series | None]]) -> list[Finding]:
     """A rank against its own best: its own work per step in the last part of the run
     well above its best part (a GPU slowly throttling, a host filling up)."""
     out = []
     for rank, host, cols in series:
-        own = _own_per_step(cols or {})[1:]
+        if cols is None:
+            continue
+        own = _own_per_step(cols)[1:]
         if len(own) < 2 * _PARTS:
             continue
         size = len(own) // _PARTS
@@ -219,8 +231,8 @@ def slowdown_findings(series: list[tuple]) -> list[Finding]:
             median(own[(_PARTS - 1) * size :])
         ]
         best, last = min(parts), parts[-1]
-        steps = sum(cols.get("steps") or ()) or 1
-        mean_step = sum(cols.get("step_s") or ()) / steps
+        steps = sum(cols.steps) or 1
+        mean_step = sum(cols.step_s) / steps
         if best <= 0 or last < SLOWDOWN_RATIO * best or last - best < SLOWDOWN_EXCESS * mean_step:
             continue
         where = f" on {host}" if host else ""
@@ -244,12 +256,12 @@ def slowdown_findings(series: list[tuple]) -> list[Finding]:
     return out
 
 
-def waits_share(phases: dict[tuple, dict]) -> float:
+def waits_share(phases: dict[tuple[str, str], Phase]) -> float:
     """The share of step time in ``communication`` (DDP's gradient sync, anywhere in the tree)."""
-    return sum(float(p.get("share") or 0.0) for (_parent, name), p in phases.items() if name == sc.PHASE_COMMUNICATION)
+    return sum(float(p.share or 0.0) for (_parent, name), p in phases.items() if name == sc.PHASE_COMMUNICATION)
 
 
-def sync_wait_findings(phases: dict[tuple, dict], where: str) -> list[Finding]:
+def sync_wait_findings(phases: dict[tuple[str, str], Phase], where: str) -> list[Finding]:
     """One rank's view (its own summary): it waits in the gradient sync, for the
     network or for a slower rank; the ranks' summaries together tell which."""
     comm = waits_share(phases)

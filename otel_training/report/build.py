@@ -10,6 +10,7 @@ import time
 from otel_training.diagnosis.verdict import diagnose, pick_mode
 from otel_training.report.prometheus import Prometheus, PrometheusReport
 from otel_training.report.sources import ReportError, load_summaries, parse_duration, parse_time
+from otel_training.report.views import evidence, modes
 
 
 def build_report(args: argparse.Namespace) -> dict:
@@ -32,18 +33,12 @@ def build_report(args: argparse.Namespace) -> dict:
 
 def diagnosed(report: dict, wanted: str | None = None) -> dict:
     """``report`` with the ``mode`` it is diagnosed for and its ``findings``."""
-    mode = wanted or pick_mode(report)
-    if wanted and not (report["modes"].get(mode) or {}).get("steps"):
-        have = ", ".join(report["modes"]) or "none"
-        raise ReportError(f"no {mode} steps in this run (modes present: {have})")
+    have = modes(report)
+    mode = wanted or pick_mode(have)
+    if wanted and not (mode in have and have[mode].steps):
+        raise ReportError(f"no {mode} steps in this run (modes present: {', '.join(have) or 'none'})")
     report["mode"] = mode
-    report["findings"] = diagnose(
-        dict(
-            report,
-            modes={mode: report["modes"][mode]} if mode else {},
-            ranks=(report["ranks"].get(mode) or []) if mode else [],
-        )
-    )
+    report["findings"] = diagnose(evidence(report, mode))
     return report
 
 

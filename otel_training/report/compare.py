@@ -85,8 +85,9 @@ def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: fl
 def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> dict:
     """The comparison of two reports (``report.build_report`` output, findings in)."""
     from otel_training.diagnosis.verdict import pick_mode
+    from otel_training.report.views import modes
 
-    mode = mode or pick_mode(a)
+    mode = mode or pick_mode(modes(a))
     if not mode or mode not in a["modes"] or mode not in b["modes"]:
         have_a, have_b = ", ".join(a["modes"]) or "none", ", ".join(b["modes"]) or "none"
         raise ReportError(f"nothing to compare: no {mode or 'common'} steps in both runs (A: {have_a}; B: {have_b})")
@@ -130,9 +131,10 @@ def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> 
             changed = max(moved, key=lambda p: sign * p["delta"])["name"]
     fa, fb = (a.get("findings") or [None])[0], (b.get("findings") or [None])[0]
     from otel_training.diagnosis.goodput_text import compare_job  # goodput A vs B
+    from otel_training.report.views import jobs
 
     return {
-        "job": compare_job(a, b),
+        "job": compare_job([j.job for j in jobs(a)], [j.job for j in jobs(b)]),
         "mode": mode,
         "a": _who(a),
         "b": _who(b),

@@ -21,6 +21,7 @@ from otel_training.diagnosis.goodput_text import job_html  # the goodput bar
 from otel_training.diagnosis.words import plural, timing_words
 from otel_training.report.charts import Colors, compare_charts, run_charts
 from otel_training.report.series import mode_names, require
+from otel_training.report.views import jobs
 from otel_training.version import __version__
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -112,7 +113,7 @@ def _run_section(report: dict, charts: list[dict], title: str) -> str:
     text = render(report, findings, report.get("mode"))
     return (
         f"<section><h2>{_e(title)}</h2><p class=meta>{_e(meta)}</p>"
-        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}{job_html(report)}'
+        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}{job_html(jobs(report))}'
         f"<h3>Findings and advice</h3>{_findings(findings)}"
         f'<h3>Charts</h3><div class="charts">{blocks}</div>'
         f"<details><summary>The terminal report</summary><pre>{_e(text)}</pre></details></section>"

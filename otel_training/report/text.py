@@ -8,6 +8,7 @@ import time
 from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
 from otel_training.aggregate.run_model import CheckFinding, Coverage, Flops
+from otel_training.diagnosis.evidence import RankTimes
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
 from otel_training.diagnosis.formatting import bar, ms, share_pct, table
@@ -15,6 +16,7 @@ from otel_training.diagnosis.goodput_text import report_lines
 from otel_training.diagnosis.measures_text import compute_text, memory_text, named_text
 from otel_training.diagnosis.verdict_ranks import own_work, slowest
 from otel_training.diagnosis.words import plural, timing_words
+from otel_training.report import views
 
 
 def top_phases(mode: dict) -> list[dict]:
@@ -119,20 +121,21 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
         body,
         set(range(2, 5 + len(extra) + len(phases))),
     )
-    means = [r["step_mean_s"] for r in rows if r["step_mean_s"]]
+    times = [RankTimes.from_dict(r, "ranks") for r in rows]
+    means = [t.step_mean_s for t in times if t.step_mean_s]
     if means:
-        slow, ratio, _ = slowest(rows, lambda r: r["step_mean_s"])
+        slow, ratio, _ = slowest(times, lambda t: t.step_mean_s or 0.0)
         lines.append(
-            f"  spread: slowest rank {slow.get('rank')} ({slow.get('host')}) "
-            f"{slow['step_mean_s'] / min(means):.2f}x the fastest, "
+            f"  spread: slowest rank {slow.rank} ({slow.host}) "
+            f"{(slow.step_mean_s or 0.0) / min(means):.2f}x the fastest, "
             f"{ratio:.2f}x the others' median"
         )
     if waits:
-        slow, ratio, _ = slowest(rows, own_work)
+        slow, ratio, _ = slowest(times, own_work)
         if ratio:
             lines.append(
                 f"  own work (step minus waits in communication and reduce_metrics): most on rank "
-                f"{slow.get('rank')} ({slow.get('host')}), {ratio:.2f}x the others' median"
+                f"{slow.rank} ({slow.host}), {ratio:.2f}x the others' median"
             )
     return lines
 
@@ -188,14 +191,17 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
         if rk:
             lines.append("")
             lines.extend(rk)
-    for mem in report.get("memory") or []:
-        who = f"rank {mem['rank']} " if len(report["memory"]) > 1 and mem.get("rank") is not None else ""
-        lines.append(f"{who}{memory_text(mem)}")
+    mems = views.memory(report)
+    for mem in mems:
+        who = f"rank {mem.rank} " if len(mems) > 1 and mem.rank is not None else ""
+        lines.append(f"{who}{memory_text(mem.memory)}")
     cover = render_coverage(report)
     if cover:
         lines.append("")
         lines.extend(cover)
-    goodput = report_lines(report)  # the goodput bar
+    goodput = report_lines(  # the goodput bar
+        views.jobs(report), views.coverage(report), views.facts(report), report.get("earlier_attempts") or ()
+    )
     if goodput:
         lines.append("")
         lines.extend(goodput)

@@ -286,13 +286,12 @@ def rate_from_summary(path: str) -> tuple:
         "wait_ms": 1e3 * wait / m.steps,
         "num_workers": None,
     }
-    from otel_training.diagnosis.advice import facts_of, train_loaders
+    from otel_training.diagnosis.advice import train_loaders
 
-    facts = facts_of({"run": s.run.to_dict() if s.run is not None else None})
-    loaders = train_loaders(facts) if facts else []
+    loaders = train_loaders(s.run) if s.run is not None else []
     if loaders:
-        measured["num_workers"] = min(int(ld.get("num_workers") or 0) for ld in loaders)
-        batch = next((ld["batch_size"] for ld in loaders if ld.get("batch_size")), batch)
+        measured["num_workers"] = min(int(ld.num_workers or 0) for ld in loaders)
+        batch = next((ld.batch_size for ld in loaders if ld.batch_size), batch)
     return m.steps / busy, batch, measured
 
 
