@@ -4,10 +4,11 @@ memory, coverage, telemetry problems and the findings."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
-from otel_training.aggregate.run_model import CheckFinding, Coverage, Flops
+from otel_training.aggregate.run_model import CheckFinding, Coverage, Mode, Phase
 from otel_training.diagnosis.evidence import RankTimes
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
@@ -29,55 +30,64 @@ def by_size(pa: dict, pb: dict) -> list[str]:
     return sorted(set(pa) | set(pb), key=lambda n: -max(pa.get(n, {}).get("mean_s", 0), pb.get(n, {}).get("mean_s", 0)))
 
 
-def _ordered_phases(phases: list[dict]) -> list[dict]:
-    """Top-level phases by share, each followed by its children (indented)."""
-    top = top_phases({"phases": phases})
-    out, seen = [], set()
+def _ordered_phases(phases: Sequence[Phase]) -> list[tuple[Phase, int]]:
+    """Top-level phases by share, each followed by its children (indented): ``(phase, depth)``."""
+    top = sorted((p for p in phases if p.parent == sc.SPAN_STEP), key=lambda p: -p.share)
+    out: list[tuple[Phase, int]] = []
+    seen: set[int] = set()
 
-    def add(p, depth):
+    def add(p: Phase, depth: int) -> None:
         if id(p) in seen or depth > 4:
             return
         seen.add(id(p))
-        out.append(dict(p, depth=depth))
-        for c in sorted((c for c in phases if c["parent"] == p["name"]), key=lambda c: -c["share"]):
+        out.append((p, depth))
+        for c in sorted((c for c in phases if c.parent == p.name), key=lambda c: -c.share):
             add(c, depth + 1)
 
     for p in top:
         add(p, 0)
-    out.extend(dict(p, depth=1) for p in phases if id(p) not in seen)
+    out.extend((p, 1) for p in phases if id(p) not in seen)
     return out
 
 
-def render_mode(mode: str, m: dict) -> list[str]:
-    rates = f"{m['throughput_sps']:,.1f} samples/s"
-    if m.get("tokens_per_s"):
-        rates += f", {m['tokens_per_s']:,.0f} tokens/s"
-    counts = f"{plural(m['steps'], 'step')}, {plural(m['samples'], 'sample')}"
-    head = f"{mode}: {counts}, {rates}, step mean {ms(m['step_mean_s'])} ms"
-    extra = [f"{k} {ms(m.get(f'step_{k}_s'))}" for k in ("p50", "p90", "max") if m.get(f"step_{k}_s")]
+def idle_share(m: Mode) -> float | None:
+    """The GPU's idle time as a share of the mode's step time (None: not measured)."""
+    return sum(m.gpu_idle_s.values()) / m.step_time_s if (m.step_time_s and m.gpu_idle_s) else None
+
+
+def render_mode(mode: str, m: Mode) -> list[str]:
+    """A mode's head line (counts, rates, step statistics), its phase table, compute and GPU idle time."""
+    rates = f"{m.samples_per_s or 0.0:,.1f} samples/s"
+    if m.tokens_per_s:
+        rates += f", {m.tokens_per_s:,.0f} tokens/s"
+    counts = f"{plural(m.steps, 'step')}, {plural(m.samples, 'sample')}"
+    head = f"{mode}: {counts}, {rates}, step mean {ms(m.step_mean_s)} ms"
+    stats = (("p50", m.step_p50_s), ("p90", m.step_p90_s), ("max", m.step_max_s))
+    extra = [f"{k} {ms(v)}" for k, v in stats if v]
     if extra:
         head += f" ({', '.join(extra)} ms)"
     rows = []
-    for p in _ordered_phases(m["phases"]):
+    for p, depth in _ordered_phases(m.phases):
         rows.append(
             [
-                "  " * p["depth"] + p["name"],
-                p["parent"],
-                f"{p['total_s']:.2f}",
-                ms(p["mean_s"]),
-                share_pct(p["share"]),
-                bar(p["share"]) if not p["depth"] else "",
+                "  " * depth + p.name,
+                p.parent,
+                f"{p.total_s:.2f}",
+                ms(p.mean_s),
+                share_pct(p.share),
+                bar(p.share) if not depth else "",
             ]
         )
     lines = [head] + table(["phase", "parent", "total s", "ms/step", "share", ""], rows, {2, 3, 4})
-    if m.get("flops"):
-        lines.append("  " + compute_text(Flops.from_dict(m["flops"], "flops")))
-    idle = m.get("gpu_idle_s") or {}
-    if m.get("gpu_idle_share") is not None and m["step_time_s"]:
+    if m.flops is not None:
+        lines.append("  " + compute_text(m.flops))
+    idle = m.gpu_idle_s
+    share = idle_share(m)
+    if share is not None and m.step_time_s:
         parts = ", ".join(
-            f"{k} {share_pct(v / m['step_time_s'])}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])[:4]
+            f"{k} {share_pct(v / m.step_time_s)}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])[:4]
         )
-        lines.append(f"  GPU idle: {share_pct(m['gpu_idle_share'])} of step time ({parts})")
+        lines.append(f"  GPU idle: {share_pct(share)} of step time ({parts})")
     return lines
 
 
@@ -179,7 +189,7 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
     timing = timing_words(report.get("timing"), (report.get("run_facts") or {}).get("device"))
     if timing:
         lines[0] += f", {timing}"
-    for name, m in report["modes"].items():
+    for name, m in views.modes(report).items():
         lines.append("")
         lines.extend(render_mode(name, m))
     lines.append("")
