@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
-from otel_training.aggregate.run_model import CheckFinding, Coverage, Mode, Phase
+from otel_training.aggregate.run_model import CheckFinding, Mode, Phase
 from otel_training.diagnosis.evidence import RankTimes
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
@@ -153,17 +153,17 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
 def render_coverage(report: dict) -> list[str]:
     """Per rank, the share of the training loop inside steps; the self-check's findings."""
     lines = []
-    ranks = report.get("coverage") or []
-    for c in ranks:
-        who = f"rank {c['rank']} " if len(ranks) > 1 and c.get("rank") is not None else ""
+    ranks = views.coverage(report)
+    for rank, c in ranks:
+        who = f"rank {rank} " if len(ranks) > 1 and rank is not None else ""
         line = (
-            f"coverage: {who}{share_pct(c.get('share'))} of the training loop's {c.get('loop_s', 0):.1f} s "
-            "is inside steps" + named_text(Coverage.from_dict(c, "coverage"))
+            f"coverage: {who}{share_pct(c.share)} of the training loop's {c.loop_s:.1f} s "
+            "is inside steps" + named_text(c)
         )
-        if c.get("gaps"):
+        if c.gaps:
             line += (
-                f"; {c['outside_s']:.2f} s outside in {plural(c['gaps'], 'gap')} (largest {c['largest_gap_s']:.2f} s "
-                f"{gap_place(c.get('largest_gap_after_step'))})"
+                f"; {c.outside_s:.2f} s outside in {plural(c.gaps, 'gap')} (largest {c.largest_gap_s:.2f} s "
+                f"{gap_place(c.largest_gap_after_step)})"
             )
         lines.append(line)
     for f in report.get("self_check") or ():
