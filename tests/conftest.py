@@ -367,6 +367,16 @@ def spin(seconds: float) -> float:
     return time.perf_counter() - t0
 
 
+def assert_planted(measured: float, planted: float, what: str = "", around: float = 0.0) -> None:
+    """``measured`` holds the delay the script really slept (``planted``, less 10%) and at
+    most ``around`` seconds more than 110% of it: the unplanted code beside the delay in
+    the same phase, which waits for a core on a loaded machine. The low side is where a
+    lost delay shows; ``around`` stays below any phase that could be misbooked there."""
+    assert planted * 0.9 <= measured <= planted * 1.1 + around, (
+        f"{what or 'value'}: measured {measured * 1e3:.2f} ms, the script slept {planted * 1e3:.2f} ms "
+        f"(want {planted * 0.9e3:.2f} to {(planted * 1.1 + around) * 1e3:.2f} ms)")
+
+
 def assert_close(measured: float, expected: float, rel: float = 0.10, what: str = "") -> None:
     """``measured`` within ``rel`` of ``expected`` (a planted delay recovered)."""
     assert abs(measured - expected) <= rel * expected, (
