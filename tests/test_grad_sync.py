@@ -66,6 +66,27 @@ def _ms(summary_file: str, name: str) -> float:
     return sum(p["mean_s"] for p in mode["phases"] if p["name"] == name) * 1e3
 
 
+def _extra_ms(files: list[str], phase: str) -> float:
+    """What the slow rank (1) really spent in ``phase`` beyond rank 0, per step, by the
+    ranks' own files: the planted delay as it happened (a loaded machine stretches it)."""
+    return _own_ms(files[1], phase) - _own_ms(files[0], phase)
+
+
+def _own_ms(summary_file: str, name: str) -> float:
+    """Milliseconds per step in phase ``name``, less the communication inside it (a
+    backward holds the gradient all-reduce's wait)."""
+    phases = json.load(open(summary_file))["modes"]["train"]["phases"]
+    inside = sum(p["mean_s"] for p in phases if p["name"] == "communication" and p["parent"] == name)
+    return (sum(p["mean_s"] for p in phases if p["name"] == name) - inside) * 1e3
+
+
+def _waits_for(waited: float, extra: float) -> None:
+    """Rank 0's wait is the slow rank's extra time (within 30%, and 10 ms of the two
+    ranks' other differences on a loaded machine); planted 80 ms, it is at least 56."""
+    assert extra >= 0.7 * PLANT_MS, extra
+    assert 0.7 * extra <= waited <= 1.3 * extra + 10, (waited, extra)
+
+
 def _kinds(report: dict) -> list[str]:
     return [f.kind for f in report["findings"]]
 
@@ -79,7 +100,7 @@ def test_a_slow_rank_is_the_straggler_by_its_phase_and_the_other_waits_in_commun
     assert f"its {cause} takes" in first.detail
     assert "communication_bound" not in _kinds(rep) and "compute_bound" != _kinds(rep)[0]
     waited = _ms(files[0], "communication")
-    assert 0.7 * PLANT_MS <= waited <= 1.3 * PLANT_MS, waited
+    _waits_for(waited, _extra_ms(files, cause))
     assert _ms(files[1], "communication") < 0.3 * PLANT_MS  # the straggler hardly waits
     ranks = {r["rank"]: r for r in rep["ranks"]["train"]}
     assert ranks[1]["step_mean_s"] - ranks[1]["wait_mean_s"] > ranks[0]["step_mean_s"] - ranks[0]["wait_mean_s"]
@@ -113,6 +134,6 @@ def test_fsdp_collectives_are_communication_where_they_block(runs):
                if p["name"] == "communication"}
     assert parents == {"forward", "backward"}, parents
     waited = _ms(files[0], "communication") - _ms(files[1], "communication")
-    assert 0.7 * PLANT_MS <= waited <= 1.3 * PLANT_MS, waited
+    _waits_for(waited, _extra_ms(files, "dataloader_next"))
     first = _report(files)["findings"][0]
     assert first.kind == "straggler" and first.rank == 1 and first.phase == "dataloader_next", first
