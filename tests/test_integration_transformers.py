@@ -122,7 +122,9 @@ def test_trainer_steps_phases_and_slow_callback(instrumented, tmp_path):
 
     totals = tel.phase_totals(parent="step", mode="train")
     assert totals[SLOW] >= 4 * SLOW_S * 0.9
-    assert max(totals, key=totals.get) == SLOW, totals
+    # the slow callback outweighs every other phase but the model's compute, which a loaded
+    # machine stretches past it (CI on torch 2.4 with both cores busy)
+    assert max((k for k in totals if k != "train_batch"), key=totals.get) == SLOW, totals
     assert summary["modes"]["train"]["samples"] == 32  # every micro-batch counted
     assert summary["modes"]["train"]["tokens"] == 32 * 12
     assert summary["modes"]["train"]["microbatches"] == 8
