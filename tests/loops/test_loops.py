@@ -343,7 +343,8 @@ def test_coverage(loop):
 def test_outside_time(loop):
     """Time the script spent between two steps (after a DataLoader loop ended, before
     the next step began) comes back as ``coverage.outside_s``: all of it, and at most
-    10% more plus a few ms per loop end for what it did not plant (the StopIteration)."""
+    10% more plus a few ms per loop end for what it did not plant (the StopIteration),
+    less a millisecond per loop end where the script's timer and the boundary differ."""
     truth, summary = _truth(loop), _summary(loop)
     planted = float(truth.get("planted_outside_s", 0.0))
     if not planted:
@@ -351,9 +352,12 @@ def test_outside_time(loop):
     got = float(_get(summary, "coverage.outside_s"))
     ends = int(truth.get("outside_loop_ends", 0))
     high = planted * (1 + DELAY_TOLERANCE) + OUTSIDE_ALLOWANCE_S * ends
-    assert planted <= got <= high, (
+    # a lost gap is hundreds of ms; the script's timer and the step boundary may sit a
+    # millisecond apart at each loop end on a loaded machine (CI: 4 ms short of 1357 ms)
+    low = planted - 0.001 * (ends + 1)
+    assert low <= got <= high, (
         f"{loop.name}: coverage.outside_s={got * 1e3:.1f} ms, the script spent {planted * 1e3:.1f} ms between "
-        f"steps (after {ends} DataLoader loop ends): want {planted * 1e3:.1f} to {high * 1e3:.1f} ms; "
+        f"steps (after {ends} DataLoader loop ends): want {low * 1e3:.1f} to {high * 1e3:.1f} ms; "
         f"summary coverage: {_get(summary, 'coverage')}")
 
 
