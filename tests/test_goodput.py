@@ -25,7 +25,6 @@ from otel_training.diagnosis.goodput_text import (
     bar,
     compare_job,
     goodput_lines,
-    jobs_from_deltas,
     report_lines,
     summary_lines,
 )
@@ -324,10 +323,13 @@ def test_the_goodput_bar_and_its_lines():
 def test_a_job_section_per_process_from_prometheus_increases():
     deltas = {("i0", "h", "0", "train"): 30.0, ("i0", "h", "0", "startup"): 10.0, ("i0", "h", "0", "upload"): 10.0,
               ("i1", "h", "1", "train"): 45.0, ("i1", "h", "1", "other"): 5.0, ("i1", "h", "1", "eval"): 0.0}
-    jobs = jobs_from_deltas(deltas)
-    assert [(j["rank"], j["wall_s"], j["goodput"]) for j in jobs] == [(0, 50.0, 0.6), (1, 50.0, 0.9)]
-    assert jobs[0]["named"] == ["upload"] and jobs[0]["activities"]["upload"] == 10.0
-    ranks = [RankJob(rank=j["rank"], host=j["host"], job=Job.from_dict(j)) for j in jobs]
+    from otel_training.report.model import Report
+    from otel_training.report.prometheus import jobs_from_deltas
+
+    jobs = Report(source="prometheus", job=tuple(jobs_from_deltas(deltas))).jobs()
+    assert [(j.rank, j.job.wall_s, j.job.goodput) for j in jobs] == [(0, 50.0, 0.6), (1, 50.0, 0.9)]
+    assert jobs[0].job.named == ("upload",) and jobs[0].job.activities["upload"] == 10.0
+    ranks = jobs
     assert "job goodput: 75.0% (mean over 2 ranks)" in "\n".join(report_lines(ranks))
 
 

@@ -23,6 +23,7 @@ import pytest
 from otel_training.aggregate.run_model import Run
 from otel_training.diagnosis.verdict import diagnose
 from otel_training.report.build import diagnosed
+from otel_training.report.model import Report
 from otel_training.report.sources import load_summaries
 from tests.otlp_receiver import free_port
 from tests.scripts.harness import BIN, ROOT, SCRIPTS, otel_env, run
@@ -56,7 +57,7 @@ def runs(tmp_path_factory):
     return out
 
 
-def _report(files: list[str]) -> dict:
+def _report(files: list[str]) -> Report:
     return diagnosed(load_summaries(files))
 
 
@@ -87,23 +88,23 @@ def _waits_for(waited: float, extra: float) -> None:
     assert 0.7 * extra <= waited <= 1.3 * extra + 10, (waited, extra)
 
 
-def _kinds(report: dict) -> list[str]:
-    return [f.kind for f in report["findings"]]
+def _kinds(report: Report) -> list[str]:
+    return [f.kind for f in report.findings or ()]
 
 
 @pytest.mark.parametrize("plant,cause", [("loader", "dataloader_next"), ("backward", "backward")])
 def test_a_slow_rank_is_the_straggler_by_its_phase_and_the_other_waits_in_communication(runs, plant, cause):
     files = runs[plant]
     rep = _report(files)
-    first = rep["findings"][0]
-    assert first.kind == "straggler" and first.rank == 1 and first.phase == cause, rep["findings"]
+    first = rep.first_finding()
+    assert first and first.kind == "straggler" and first.rank == 1 and first.phase == cause, rep.findings
     assert f"its {cause} takes" in first.detail
     assert "communication_bound" not in _kinds(rep) and "compute_bound" != _kinds(rep)[0]
     waited = _ms(files[0], "communication")
     _waits_for(waited, _extra_ms(files, cause))
     assert _ms(files[1], "communication") < 0.3 * PLANT_MS  # the straggler hardly waits
-    ranks = {r["rank"]: r for r in rep["ranks"]["train"]}
-    assert ranks[1]["step_mean_s"] - ranks[1]["wait_mean_s"] > ranks[0]["step_mean_s"] - ranks[0]["wait_mean_s"]
+    ranks = {r.rank: r for r in rep.rank_rows("train")}
+    assert ranks[1].step_mean_s - (ranks[1].wait_mean_s or 0.0) > ranks[0].step_mean_s - (ranks[0].wait_mean_s or 0.0)
     # rank 0's own summary: it waits in the gradient sync, and is never called compute-bound
     own = [f.kind for f in diagnose(Run.from_json(open(files[0]).read()))]
     assert "sync_wait" in own and "compute_bound" not in own, own
@@ -112,9 +113,9 @@ def test_a_slow_rank_is_the_straggler_by_its_phase_and_the_other_waits_in_commun
 def test_a_slow_allreduce_on_every_rank_is_communication_bound(runs):
     files = runs["allreduce"]
     rep = _report(files)
-    assert _kinds(rep)[0] == "communication_bound", rep["findings"]
+    assert _kinds(rep)[0] == "communication_bound", rep.findings
     assert "straggler" not in _kinds(rep) and "compute_bound" not in _kinds(rep)
-    advice = " ".join(rep["findings"][0].advice)
+    advice = " ".join((rep.findings or ())[0].advice)
     assert all(w in advice for w in ("no_sync", "bucket_cap_mb", "bf16_compress_hook", "NCCL_SOCKET_IFNAME"))
     for f in files:
         assert 0.7 * PLANT_MS <= _ms(f, "communication") <= 1.3 * PLANT_MS, f
@@ -123,7 +124,7 @@ def test_a_slow_allreduce_on_every_rank_is_communication_bound(runs):
 def test_nothing_planted_names_nothing(runs):
     rep = _report(runs["none"])
     kinds = _kinds(rep)
-    assert not {"straggler", "communication_bound", "rank_slowdown"} & set(kinds), rep["findings"]
+    assert not {"straggler", "communication_bound", "rank_slowdown"} & set(kinds), rep.findings
     for f in runs["none"]:
         assert _ms(f, "communication") < 0.3 * PLANT_MS
 
@@ -135,5 +136,5 @@ def test_fsdp_collectives_are_communication_where_they_block(runs):
     assert parents == {"forward", "backward"}, parents
     waited = _ms(files[0], "communication") - _ms(files[1], "communication")
     _waits_for(waited, _extra_ms(files, "dataloader_next"))
-    first = _report(files)["findings"][0]
-    assert first.kind == "straggler" and first.rank == 1 and first.phase == "dataloader_next", first
+    first = _report(files).first_finding()
+    assert first and first.kind == "straggler" and first.rank == 1 and first.phase == "dataloader_next", first

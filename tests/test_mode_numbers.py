@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -97,16 +98,16 @@ def test_eval_throughput_is_over_the_eval_steps_own_time(run, capsys):
     # the run-end table, the report and the HTML card say the same
     assert f"{ev['samples_per_s']:.0f} samples/s" in render_summary(summary).split("otel-training: eval")[1]
     report = load_summaries([path])
-    assert report["modes"]["eval"]["throughput_sps"] == pytest.approx(ev["samples_per_s"])
+    assert report.modes["eval"].samples_per_s == pytest.approx(ev["samples_per_s"])
     assert main(["report", "--summary", path, "--mode", "eval"]) == 0
     assert f"{ev['samples_per_s']:,.1f} samples/s" in capsys.readouterr().out
-    html = build_html([dict(report, findings=[], mode="train")])
+    html = build_html([replace(report, findings=(), mode="train")])
     assert f"<b>{ev['samples_per_s']:,.1f}</b><span>samples/s</span>" in html
 
     # the chart's eval throughput: every point near the eval steps' own rate
     from otel_training.report.charts import Colors, run_charts
 
-    charts = {c["id"]: c for c in run_charts(dict(report, mode="train"), Colors())}
+    charts = {c["id"]: c for c in run_charts(replace(report, mode="train"), Colors())}
     (line,) = [s for s in charts["throughput"]["series"] if s["label"] == "eval samples/s"]
     points = [v for v in line["values"] if v is not None]
     assert points and all(EVAL_BATCH / (EVAL_S + 0.1) <= v <= ceiling * 1.001 for v in points)
@@ -184,7 +185,7 @@ def test_a_modes_chart_line_breaks_where_it_did_not_run(run):
     # no eval window spans a training epoch: each lasts about its own steps
     assert len(ts["eval"]["t"]) >= EPOCHS
     assert all(w < TRAIN_STEPS * TRAIN_S for w in ts["eval"]["wall_s"])
-    charts = {c["id"]: c for c in run_charts(dict(load_summaries([path]), mode="train"), Colors())}
+    charts = {c["id"]: c for c in run_charts(replace(load_summaries([path]), mode="train"), Colors())}
     for cid in ("step-time", "throughput"):
         series = charts[cid]["series"]
         (ev,) = [s for s in series if s["label"] in ("eval p50", "eval samples/s")]

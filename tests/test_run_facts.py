@@ -226,6 +226,6 @@ def test_report_over_summary_files_keeps_the_run_section(tmp_path):
         path.write_text(json.dumps(s))
         paths.append(str(path))
     report = load_summaries(paths)
-    assert report["run"] == "r1" and report["run_facts"]["autocast_dtype"] == "bfloat16"
-    text = _advice(diagnosed(report)["findings"], "compute_bound")
+    assert report.run == "r1" and report.run_facts is not None and report.run_facts.autocast_dtype == "bfloat16"
+    text = _advice(list(diagnosed(report).findings or ()), "compute_bound")
     assert "mixed precision" not in text and "torch.compile(model)" in text

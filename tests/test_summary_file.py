@@ -41,6 +41,38 @@ def test_report_and_compare_read_a_v1_file(path, capsys):
     assert "otel-training compare" in capsys.readouterr().out
 
 
+def _two_ranks(directory: Path) -> str:
+    """The single run's file as rank 0 of 2, and a rank 1 whose steps and phases take
+    1.3 times as long (tests/golden/report_v1_two_ranks.json was made from these)."""
+    single = json.loads((ROOT / "tests" / "golden" / "summary_v1_single.json").read_text())
+    r0, r1 = json.loads(json.dumps(single)), json.loads(json.dumps(single))
+    r0["world_size"] = 2
+    r1.update(rank=1, pid=(single.get("pid") or 1) + 1, world_size=2)
+    for m in r1["modes"].values():
+        m["step_time_s"] *= 1.3
+        for p in m["phases"]:
+            p["total_s"] *= 1.3
+            p["mean_s"] *= 1.3
+    for name, data in (("r0.json", r0), ("r1.json", r1)):
+        with open(directory / name, "w") as fh:
+            json.dump(data, fh)
+    return "r0.json,r1.json"
+
+
+@pytest.mark.parametrize("name", ["single", "restarted_rank1", "two_ranks"])
+def test_report_json_is_as_before_byte_for_byte(name, tmp_path, monkeypatch, capsys):
+    """``report --json`` from the typed report prints what the report dict printed
+    (tests/golden/report_v1_*.json: the same files reported before the report was typed)."""
+    if name == "two_ranks":
+        files = _two_ranks(tmp_path)
+    else:
+        files = f"summary_v1_{name}.json"
+        (tmp_path / files).write_bytes((ROOT / "tests" / "golden" / files).read_bytes())
+    monkeypatch.chdir(tmp_path)  # the file names as given are in the output
+    assert report_main(["--summary", files, "--json"]) == 0
+    assert capsys.readouterr().out == (ROOT / "tests" / "golden" / f"report_v1_{name}.json").read_text()
+
+
 def test_the_model_reads_the_golden_sections():
     single, restarted = (Run.from_json(p.read_text()) for p in GOLDEN[::-1])
     train = single.modes["train"]

@@ -20,6 +20,7 @@ import math
 import sys
 
 from otel_training.report.compare import FLOOR, Z, compare, gate, render
+from otel_training.report.model import Report
 from otel_training.report.sources import ReportError, summary_paths
 
 
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_run(arg: str, args: argparse.Namespace) -> dict:
+def load_run(arg: str, args: argparse.Namespace) -> Report:
     """One run as a report with its time series and findings."""
     from otel_training.report.build import build_report
 

@@ -15,6 +15,7 @@ import json
 import sys
 
 from otel_training.report.build import build_report, report_json
+from otel_training.report.model import Report
 from otel_training.report.sources import ReportError
 
 __all__ = ["main", "build_report", "ReportError"]
@@ -77,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from otel_training.report.text import render
 
-        print(render(report, report["findings"], report["mode"]))
+        print(render(report))
     return 0
 
 
-def _write_html(args: argparse.Namespace, report: dict) -> None:
+def _write_html(args: argparse.Namespace, report: Report) -> None:
     from otel_training.report.page import write_html
 
     if not args.compare:
@@ -97,7 +98,7 @@ def _write_html(args: argparse.Namespace, report: dict) -> None:
         else:
             other.summary = args.compare  # names, comma lists or quoted globs
         second = build_report(other)
-        write_html(args.html, [report, second], compare(report, second, report["mode"]))
+        write_html(args.html, [report, second], compare(report, second, report.mode))
     print(f"otel-training report: wrote {args.html}", file=sys.stderr)
 
 

@@ -3,12 +3,14 @@ report`` and the line printed at exit."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from otel_training.aggregate.run_model import CheckFinding
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.formatting import share_pct
 
 
-def render_findings(findings: list[Finding], limit: int = 3) -> list[str]:
+def render_findings(findings: Sequence[Finding], limit: int = 3) -> list[str]:
     """The verdict line, then each top finding with its share, detail and advice."""
     lines = [verdict_line(findings)]
     if not findings:
@@ -24,7 +26,7 @@ def render_findings(findings: list[Finding], limit: int = 3) -> list[str]:
     return lines
 
 
-def verdict_line(findings: list[Finding]) -> str:
+def verdict_line(findings: Sequence[Finding]) -> str:
     """``verdict: <title>: <detail>`` for the first finding."""
     return "verdict: " + (findings[0].line() if findings else "no data")
 

@@ -263,34 +263,6 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def jobs_from_deltas(deltas: dict[tuple, float]) -> list[dict]:
-    """Per process, a ``job`` section from Prometheus: ``deltas`` are the increases of
-    ``training_job_time_seconds_total`` over the range by (instance, host, rank,
-    activity); a process that began in the range counts its start-up (its series begin
-    with it). Wall time is what the range accounted: the sum of its activities."""
-    by_process: dict[tuple, dict[str, float]] = {}
-    for (instance, host, rank, activity), seconds in deltas.items():
-        if activity and seconds > 0:
-            by_process.setdefault((instance, host, rank), {})[activity] = seconds
-    out = []
-    for (instance, host, rank), act in sorted(by_process.items(), key=lambda kv: (kv[0][2].zfill(6), kv[0][0])):
-        wall = sum(act.values())
-        named = sorted((k for k in act if k not in SYMBOLS), key=lambda k: -act[k])
-        activities = {k: act.get(k, 0.0) for k in SYMBOLS} | {k: act[k] for k in named}
-        out.append(
-            {
-                "rank": int(rank) if rank.isdigit() else None,
-                "host": host,
-                "instance": instance,
-                "wall_s": wall,
-                "goodput": act.get("train", 0.0) / wall if wall > 0 else 0.0,
-                "activities": activities,
-                "named": named,
-            }
-        )
-    return out
-
-
 # -- compare ----------------------------------------------------------------------------
 def compare_job(a: Sequence[Job], b: Sequence[Job]) -> dict | None:
     """Goodput and seconds per activity of two reports' jobs (each the mean over its

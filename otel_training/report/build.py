@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
+from otel_training.diagnosis.evidence import Evidence
 from otel_training.diagnosis.verdict import diagnose, pick_mode
+from otel_training.report.model import Report
 from otel_training.report.prometheus import Prometheus, PrometheusReport
 from otel_training.report.sources import ReportError, load_summaries, parse_duration, parse_time
-from otel_training.report.views import evidence, modes
 
 
-def build_report(args: argparse.Namespace) -> dict:
-    """The report dict with ``mode`` and ``findings`` (Finding objects) added."""
+def build_report(args: argparse.Namespace) -> Report:
+    """The report, diagnosed (its ``mode`` and ``findings``)."""
     if args.summary:
         report = load_summaries(args.summary)
     else:
@@ -25,23 +27,36 @@ def build_report(args: argparse.Namespace) -> dict:
         if getattr(args, "series", False):  # the run over time, for charts
             from otel_training.report.series import PrometheusSeries
 
-            hosts = sorted({r["host"] for rows in report["ranks"].values() for r in rows if r.get("host")})
-            series = PrometheusSeries(prom, start, end).collect(report["selector"][1:-1], hosts)
-            report.update(timeseries=series["ranks"], gpu_series=series["gpus"])
+            hosts = sorted({r.host for rows in report.ranks.values() for r in rows if r.host})
+            series, gpus = PrometheusSeries(prom, start, end).collect((report.selector or "{}")[1:-1], hosts)
+            report = replace(report, timeseries=series, gpu_series=gpus)
     return diagnosed(report, args.mode)
 
 
-def diagnosed(report: dict, wanted: str | None = None) -> dict:
+def diagnosed(report: Report, wanted: str | None = None) -> Report:
     """``report`` with the ``mode`` it is diagnosed for and its ``findings``."""
-    have = modes(report)
+    have = {name: m.as_mode() for name, m in report.modes.items()}
     mode = wanted or pick_mode(have)
     if wanted and not (mode in have and have[mode].steps):
         raise ReportError(f"no {mode} steps in this run (modes present: {', '.join(have) or 'none'})")
-    report["mode"] = mode
-    report["findings"] = diagnose(evidence(report, mode))
-    return report
+    return replace(report, mode=mode, findings=tuple(diagnose(evidence(report, mode))))
 
 
-def report_json(report: dict) -> dict:
-    """What ``otel-training report --json`` prints: the report, its findings as dicts."""
-    return dict(report, findings=[f.to_dict() for f in report["findings"]])
+def evidence(report: Report, wanted: str | None) -> Evidence:
+    """What the verdict reads of ``report``, for the ``wanted`` mode alone (none: no mode has steps)."""
+    gpu = report.gpu_utilization
+    return Evidence(
+        modes={wanted: report.modes[wanted].as_mode()} if wanted else {},
+        telemetry=report.telemetry,
+        facts=report.run_facts,
+        loaders=report.loaders or (),
+        gpu_mean=gpu.mean if gpu is not None else None,
+        ranks=tuple(r.times() for r in report.rank_rows(wanted)),
+        memory=tuple(report.memories()),
+        timeseries=report.timeseries or (),
+    )
+
+
+def report_json(report: Report) -> dict:
+    """What ``otel-training report --json`` prints."""
+    return report.to_dict()

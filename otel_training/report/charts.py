@@ -13,8 +13,9 @@ breaks where that mode did not run (another mode's bin between two of its own).
 from __future__ import annotations
 
 from otel_training import semconv as sc
+from otel_training.report.model import Report
 from otel_training.report.series import MAX_POINTS, mode_names
-from otel_training.report.text import top_phases
+from otel_training.report.text import by_size
 
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
 _FIXED = {
@@ -48,23 +49,23 @@ class Colors:
         return self._given[name]
 
 
-def _t0(report: dict) -> float | None:
-    starts = [cols["t"][0] for r in report.get("timeseries") or () for cols in r["modes"].values() if cols.get("t")]
+def _t0(report: Report) -> float | None:
+    starts = [cols.t[0] for r in report.timeseries or () for cols in r.modes.values() if cols.t]
     return min(starts) if starts else None
 
 
 class Grid:
     """The common time grid of one run's ranks."""
 
-    def __init__(self, report: dict) -> None:
-        self.ranks = report.get("timeseries") or []
+    def __init__(self, report: Report) -> None:
+        self.ranks = report.timeseries or ()
         self.t0 = _t0(report) or 0.0
         ends, counts = [], [0]
         for r in self.ranks:
-            for cols in r["modes"].values():
-                if cols.get("t"):
-                    ends.append(cols["t"][-1] + cols["wall_s"][-1])
-                    counts.append(len(cols["t"]))
+            for cols in r.modes.values():
+                if cols.t:
+                    ends.append(cols.t[-1] + cols.wall_s[-1])
+                    counts.append(len(cols.t))
         self.n = max(1, min(MAX_POINTS, max(counts)))
         self.width = max((max(ends) - self.t0) / self.n if ends else 1.0, 1e-9)
 
@@ -78,23 +79,24 @@ class Grid:
         """Per non-empty bin: sums over ranks (and per rank) of one mode's windows."""
         bins: dict[int, dict] = {}
         for i, r in enumerate(self.ranks):
-            cols = r["modes"].get(mode)
+            cols = r.modes.get(mode)
             if not cols:
                 continue
-            phases = cols.get("phases") or {}
-            idle = cols.get("gpu_idle_s")
-            for k, t in enumerate(cols["t"]):
-                steps = cols["steps"][k]
+            phases = cols.phases
+            idle = cols.gpu_idle_s
+            quantiles = (("p50", cols.p50_s), ("p90", cols.p90_s))
+            for k, t in enumerate(cols.t):
+                steps = cols.steps[k]
                 if not steps:
                     continue
                 acc = bins.setdefault(
-                    self.bin(t, cols["wall_s"][k]),
+                    self.bin(t, cols.wall_s[k]),
                     {"steps": 0, "step_s": 0.0, "p50": 0.0, "p90": 0.0, "q": 0, "phases": {}, "idle": 0.0, "rank": {}},
                 )
                 acc["steps"] += steps
-                acc["step_s"] += cols["step_s"][k]
-                for q in ("p50", "p90"):
-                    v = (cols.get(q + "_s") or [None] * (k + 1))[k]
+                acc["step_s"] += cols.step_s[k]
+                for q, column in quantiles:
+                    v = column[k] if k < len(column) else None
                     if v is not None:
                         acc[q] += v * steps
                         acc["q"] += steps if q == "p50" else 0
@@ -104,9 +106,9 @@ class Grid:
                     acc["idle"] += idle[k]
                 own = acc["rank"].setdefault(i, [0, 0.0, 0, 0.0])  # steps, step s, samples, wall s
                 own[0] += steps
-                own[1] += cols["step_s"][k]
-                own[2] += cols["samples"][k]
-                own[3] += cols["wall_s"][k]
+                own[1] += cols.step_s[k]
+                own[2] += cols.samples[k]
+                own[3] += cols.wall_s[k]
         return dict(sorted(bins.items()))
 
 
@@ -114,11 +116,11 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1e3, 4)
 
 
-def run_charts(report: dict, colors: Colors, prefix: str = "") -> list[dict]:
+def run_charts(report: Report, colors: Colors, prefix: str = "") -> list[dict]:
     """The charts of one run, in page order (only those with data)."""
     grid = Grid(report)
-    modes = [m for m in mode_names(report) if any(m in r["modes"] for r in grid.ranks)]
-    mode = report.get("mode") or (modes[0] if modes else None)
+    modes = [m for m in mode_names(report) if any(m in r.modes for r in grid.ranks)]
+    mode = report.mode or (modes[0] if modes else None)
     per_mode = {m: grid.mode(m) for m in modes}
     xs = sorted({b for bins in per_mode.values() for b in bins})
     charts: list[dict] = []
@@ -215,52 +217,55 @@ def _line(cid: str, title: str, bins: list[int], grid: Grid, series: list[dict],
     }
 
 
-def _breakdown(cid: str, report: dict, mode: str, colors: Colors) -> dict | None:
-    phases = top_phases(report["modes"][mode])
+def _breakdown(cid: str, report: Report, mode: str, colors: Colors) -> dict | None:
+    phases = report.modes[mode].top_phases()
     if not phases:
         return None
     return {
         "id": cid,
         "title": f"Phase breakdown ({mode}, ms per step; share of step time in the legend)",
         "kind": "bars",
-        "categories": [p["name"] for p in phases],
+        "categories": [p.name for p in phases],
         "unit": "ms",
         "series": [
             {
                 "label": "ms/step",
-                "values": [_ms(p["mean_s"]) for p in phases],
+                "values": [_ms(p.mean_s) for p in phases],
                 "color": "#4e79a7",
-                "colors": [colors(p["name"]) for p in phases],
-                "notes": [f"{100 * p['share']:.1f}%" for p in phases],
+                "colors": [colors(p.name) for p in phases],
+                "notes": [f"{100 * p.share:.1f}%" for p in phases],
             }
         ],
     }
 
 
-def _rank_charts(prefix, report, grid, bins, mode, colors, xlabel) -> list[dict]:
-    rows = (report.get("ranks") or {}).get(mode) or []
+def _rank_charts(
+    prefix: str, report: Report, grid: Grid, bins: dict[int, dict], mode: str, colors: Colors, xlabel: str
+) -> list[dict]:
+    rows = report.rank_rows(mode)
     if len(rows) < 2:
         return []
-    out = []
-    names = [p["name"] for p in top_phases(report["modes"][mode])]
+    out: list[dict] = []
+    names = [p.name for p in report.modes[mode].top_phases()]
     out.append(
         {
             "id": prefix + "rank-bars",
             "title": f"Per-rank step time ({mode}, ms per step by phase)",
             "kind": "stacked-bars",
-            "categories": [f"rank {r.get('rank')}" + (f" ({r['host']})" if r.get("host") else "") for r in rows],
+            "categories": [f"rank {r.rank}" + (f" ({r.host})" if r.host else "") for r in rows],
             "unit": "ms",
             "series": [
                 {
                     "label": n,
                     "color": colors(n),
-                    "values": [_ms((r.get("phase_mean_s") or {}).get(n, 0.0)) for r in rows],
+                    "values": [_ms(r.phase_mean_s.get(n, 0.0)) for r in rows],
                 }
                 for n in names
             ],
         }
     )
-    if all("wait_mean_s" in r for r in rows):  # own work: the straggler has the most
+    waits = [r.wait_mean_s for r in rows]
+    if all(w is not None for w in waits):  # own work: the straggler has the most
         out.append(
             {
                 "id": prefix + "rank-own",
@@ -272,12 +277,12 @@ def _rank_charts(prefix, report, grid, bins, mode, colors, xlabel) -> list[dict]
                     {
                         "label": "own work",
                         "color": colors(sc.PHASE_TRAIN_BATCH),
-                        "values": [_ms(max(0.0, r["step_mean_s"] - r["wait_mean_s"])) for r in rows],
+                        "values": [_ms(max(0.0, r.step_mean_s - (r.wait_mean_s or 0.0))) for r in rows],
                     },
                     {
                         "label": "waiting for other ranks (communication, reduce_metrics)",
                         "color": colors(sc.PHASE_COMMUNICATION),
-                        "values": [_ms(r["wait_mean_s"]) for r in rows],
+                        "values": [_ms(w) for w in waits],
                     },
                 ],
             }
@@ -285,7 +290,7 @@ def _rank_charts(prefix, report, grid, bins, mode, colors, xlabel) -> list[dict]
     if bins and len(grid.ranks) >= 2:
         xs = list(bins)
         series = []
-        labels = {i: f"rank {r.get('rank')}" for i, r in enumerate(grid.ranks)}
+        labels = {i: f"rank {r.rank}" for i, r in enumerate(grid.ranks)}
         if len(grid.ranks) <= 8:
             for i in range(len(grid.ranks)):
                 values = []
@@ -305,23 +310,23 @@ def _rank_charts(prefix, report, grid, bins, mode, colors, xlabel) -> list[dict]
     return out
 
 
-def _gpu_charts(prefix: str, report: dict, grid: Grid, xlabel: str) -> list[dict]:
+def _gpu_charts(prefix: str, report: Report, grid: Grid, xlabel: str) -> list[dict]:
     out = []
-    gpus = report.get("gpu_series") or {}
+    gpus = report.gpu_series or {}
     for key, title, unit, scale in (
         ("utilization", "GPU utilization (hw_gpu_utilization_ratio)", "%", 100.0),
         ("memory", "GPU memory used (hw_gpu_memory_usage_bytes)", "GiB", 1 / 2**30),
     ):
-        found = gpus.get(key) or []
+        found = gpus.get(key) or ()
         if not found:
             continue
-        xs = sorted({t for g in found for t in g["t"]})
+        xs = sorted({t for g in found for t in g.t})
         series = []
         for j, g in enumerate(found):
-            at = dict(zip(g["t"], g["v"]))
+            at = dict(zip(g.t, g.v))
             series.append(
                 {
-                    "label": f"{g['host']} gpu {g['gpu']}",
+                    "label": f"{g.host} gpu {g.gpu}",
                     "color": _PALETTE[j % len(_PALETTE)],
                     "values": [round(at[t] * scale, 4) if t in at else None for t in xs],
                 }
@@ -340,16 +345,14 @@ def _gpu_charts(prefix: str, report: dict, grid: Grid, xlabel: str) -> list[dict
     return out
 
 
-def compare_charts(a: dict, b: dict, colors: Colors) -> list[dict]:
+def compare_charts(a: Report, b: Report, colors: Colors) -> list[dict]:
     """Run A against run B: phase ms/step side by side, and step time over each run."""
-    mode = a.get("mode")
+    mode = a.mode
     charts: list[dict] = []
-    if mode and mode in a["modes"] and mode in b["modes"]:
-        pa = {p["name"]: p for p in top_phases(a["modes"][mode])}
-        pb = {p["name"]: p for p in top_phases(b["modes"][mode])}
-        names = sorted(
-            set(pa) | set(pb), key=lambda n: -max(pa.get(n, {}).get("mean_s", 0), pb.get(n, {}).get("mean_s", 0))
-        )
+    if mode and mode in a.modes and mode in b.modes:
+        pa = {p.name: p for p in a.modes[mode].top_phases()}
+        pb = {p.name: p for p in b.modes[mode].top_phases()}
+        names = by_size(pa, pb)
         charts.append(
             {
                 "id": "cmp-phases",
@@ -361,7 +364,7 @@ def compare_charts(a: dict, b: dict, colors: Colors) -> list[dict]:
                     {
                         "label": label,
                         "color": RUN_COLORS[i],
-                        "values": [_ms(src.get(n, {}).get("mean_s", 0.0)) for n in names],
+                        "values": [_ms(src[n].mean_s if n in src else 0.0) for n in names],
                     }
                     for i, (label, src) in enumerate((("A", pa), ("B", pb)))
                 ],

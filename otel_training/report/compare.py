@@ -23,8 +23,9 @@ from typing import Any
 
 from otel_training.diagnosis.formatting import ms, share_pct, table
 from otel_training.report.charts import Grid
+from otel_training.report.model import SOURCE_SUMMARY, Report
 from otel_training.report.sources import ReportError
-from otel_training.report.text import by_size, top_phases
+from otel_training.report.text import by_size
 
 BLOCKS = 8
 Z = 3.0
@@ -33,7 +34,7 @@ FLOOR = 0.05
 IMPROVEMENT, REGRESSION, INCONCLUSIVE = "improvement", "regression", "inconclusive"
 
 
-def _blocks(report: dict, mode: str, value) -> list[float]:
+def _blocks(report: Report, mode: str, value) -> list[float]:
     """``value(steps, step_s, samples, phases)`` per block of consecutive windows."""
     bins = list(Grid(report).mode(mode).values())
     total = sum(acc["steps"] for acc in bins)
@@ -82,46 +83,47 @@ def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: fl
     }
 
 
-def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> dict:
+def compare(a: Report, b: Report, mode: str | None = None, floor: float = FLOOR) -> dict:
     """The comparison of two reports (``report.build_report`` output, findings in)."""
     from otel_training.diagnosis.verdict import pick_mode
-    from otel_training.report.views import modes
 
-    mode = mode or pick_mode(modes(a))
-    if not mode or mode not in a["modes"] or mode not in b["modes"]:
-        have_a, have_b = ", ".join(a["modes"]) or "none", ", ".join(b["modes"]) or "none"
+    mode = mode or pick_mode({name: m.as_mode() for name, m in a.modes.items()})
+    if not mode or mode not in a.modes or mode not in b.modes:
+        have_a, have_b = ", ".join(a.modes) or "none", ", ".join(b.modes) or "none"
         raise ReportError(f"nothing to compare: no {mode or 'common'} steps in both runs (A: {have_a}; B: {have_b})")
-    ma, mb = a["modes"][mode], b["modes"][mode]
-    spa = ma["samples"] / ma["steps"] if ma["steps"] else 0.0
-    spb = mb["samples"] / mb["steps"] if mb["steps"] else 0.0
+    ma, mb = a.modes[mode], b.modes[mode]
+    spa = ma.samples / ma.steps if ma.steps else 0.0
+    spb = mb.samples / mb.steps if mb.steps else 0.0
     per_sample = bool(spa and spb and abs(spb - spa) > 0.01 * spa)
     if per_sample:
 
         def unit(steps, step_s, samples, phases):
             return step_s / samples if samples else None
 
-        va, vb = ma["step_time_s"] / ma["samples"], mb["step_time_s"] / mb["samples"]
+        va, vb = ma.step_time_s / ma.samples, mb.step_time_s / mb.samples
     else:
 
         def unit(steps, step_s, samples, phases):
             return step_s / steps if steps else None
 
-        va, vb = ma["step_mean_s"], mb["step_mean_s"]
+        va, vb = ma.step_mean_s, mb.step_mean_s
     step = _judge(va, vb, _se(_blocks(a, mode, unit)), _se(_blocks(b, mode, unit)), floor, va)
     step["per"] = "sample" if per_sample else "step"
-    tput = {"a": ma["throughput_sps"], "b": mb["throughput_sps"], "delta": mb["throughput_sps"] - ma["throughput_sps"]}
-    tput["delta_rel"] = tput["delta"] / tput["a"] if tput["a"] else None
-    pa = {p["name"]: p for p in top_phases(ma)}
-    pb = {p["name"]: p for p in top_phases(mb)}
+    tput: dict[str, float | None] = {"a": ma.samples_per_s, "b": mb.samples_per_s}
+    tput["delta"] = mb.samples_per_s - ma.samples_per_s
+    tput["delta_rel"] = (mb.samples_per_s - ma.samples_per_s) / ma.samples_per_s if ma.samples_per_s else None
+    pa = {p.name: p for p in ma.top_phases()}
+    pb = {p.name: p for p in mb.top_phases()}
     phases = []
     for name in by_size(pa, pb):
 
         def phase_unit(steps, step_s, samples, ph, name=name):
             return ph.get(name, 0.0) / steps if steps else None
 
-        x, y = pa.get(name, {}).get("mean_s", 0.0), pb.get(name, {}).get("mean_s", 0.0)
-        j = _judge(x, y, _se(_blocks(a, mode, phase_unit)), _se(_blocks(b, mode, phase_unit)), floor, ma["step_mean_s"])
-        j.update(name=name, share_a=pa.get(name, {}).get("share", 0.0), share_b=pb.get(name, {}).get("share", 0.0))
+        x, y = (p.mean_s if p is not None else 0.0 for p in (pa.get(name), pb.get(name)))
+        j = _judge(x, y, _se(_blocks(a, mode, phase_unit)), _se(_blocks(b, mode, phase_unit)), floor, ma.step_mean_s)
+        share_a, share_b = (p.share if p is not None else 0.0 for p in (pa.get(name), pb.get(name)))
+        j.update(name=name, share_a=share_a, share_b=share_b)
         phases.append(j)
     changed = None
     if step["change"] != INCONCLUSIVE:
@@ -129,12 +131,11 @@ def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> 
         moved = [p for p in phases if p["change"] == step["change"]]
         if moved:
             changed = max(moved, key=lambda p: sign * p["delta"])["name"]
-    fa, fb = (a.get("findings") or [None])[0], (b.get("findings") or [None])[0]
+    fa, fb = a.first_finding(), b.first_finding()
     from otel_training.diagnosis.goodput_text import compare_job  # goodput A vs B
-    from otel_training.report.views import jobs
 
     return {
-        "job": compare_job([j.job for j in jobs(a)], [j.job for j in jobs(b)]),
+        "job": compare_job([j.job for j in a.jobs()], [j.job for j in b.jobs()]),
         "mode": mode,
         "a": _who(a),
         "b": _who(b),
@@ -149,9 +150,9 @@ def compare(a: dict, b: dict, mode: str | None = None, floor: float = FLOOR) -> 
     }
 
 
-def _who(report: dict) -> dict:
-    src = report.get("files") if report.get("source") == "summary" else report.get("selector")
-    return {"run": report.get("run"), "source": report.get("source"), "from": src, "range": report.get("range")}
+def _who(report: Report) -> dict:
+    src = list(report.files) if report.source == SOURCE_SUMMARY else report.selector
+    return {"run": report.run, "source": report.source, "from": src, "range": report.range.to_dict()}
 
 
 def render(c: dict) -> str:

@@ -13,6 +13,8 @@ import html
 import json
 import os
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 
 from otel_training.diagnosis.finding import Finding
@@ -20,8 +22,8 @@ from otel_training.diagnosis.formatting import ms, share_pct
 from otel_training.diagnosis.goodput_text import job_html  # the goodput bar
 from otel_training.diagnosis.words import plural, timing_words
 from otel_training.report.charts import Colors, compare_charts, run_charts
+from otel_training.report.model import SOURCE_SUMMARY, Report, TimeRange
 from otel_training.report.series import mode_names, require
-from otel_training.report.views import jobs
 from otel_training.version import __version__
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -35,51 +37,49 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _when(rng: dict | None) -> str:
-    if not rng or not rng.get("start"):
+def _when(rng: TimeRange) -> str:
+    if not rng.start:
         return ""
     fmt = "%Y-%m-%d %H:%M:%S"
-    return f"{time.strftime(fmt, time.localtime(rng['start']))} .. {time.strftime(fmt, time.localtime(rng['end']))}"
+    return f"{time.strftime(fmt, time.localtime(rng.start))} .. {time.strftime(fmt, time.localtime(rng.end))}"
 
 
-def _source(report: dict) -> str:
-    if report.get("source") == "summary":
-        files = report.get("files") or []
+def _source(report: Report) -> str:
+    if report.source == SOURCE_SUMMARY:
+        files = report.files
         return f"{plural(len(files), 'summary file')}: " + ", ".join(os.path.basename(f) for f in files[:8])
-    return f"Prometheus {report.get('prometheus')} {report.get('selector')}"
+    return f"Prometheus {report.prometheus} {report.selector}"
 
 
-def _cards(report: dict) -> str:
+def _cards(report: Report) -> str:
     out = []
     for mode in mode_names(report):
-        m = report["modes"][mode]
+        m = report.modes[mode]
         items = [
-            (f"{m['steps']:,}", f"{mode} step" + ("" if m["steps"] == 1 else "s")),
-            (ms(m.get("step_mean_s"), unit=True), "mean step"),
-            (ms(m.get("step_p50_s"), unit=True) if m.get("step_p50_s") else "-", "p50 step"),
-            (ms(m.get("step_p90_s"), unit=True) if m.get("step_p90_s") else "-", "p90 step"),
-            (f"{m['throughput_sps']:,.1f}", "samples/s"),
+            (f"{m.steps:,}", f"{mode} step" + ("" if m.steps == 1 else "s")),
+            (ms(m.step_mean_s, unit=True), "mean step"),
+            (ms(m.step_p50_s, unit=True) if m.step_p50_s else "-", "p50 step"),
+            (ms(m.step_p90_s, unit=True) if m.step_p90_s else "-", "p90 step"),
+            (f"{m.samples_per_s:,.1f}", "samples/s"),
         ]
-        if m.get("gpu_idle_share") is not None:
-            items.append((share_pct(m["gpu_idle_share"]), "GPU idle"))
+        if m.gpu_idle_share is not None:
+            items.append((share_pct(m.gpu_idle_share), "GPU idle"))
         out.append(
             '<div class="cards">'
             + "".join(f"<div class=card><b>{_e(v)}</b><span>{_e(k)}</span></div>" for v, k in items)
             + "</div>"
         )
-    gpu = report.get("gpu_utilization")
+    gpu = report.gpu_utilization
     if gpu:
-        out.append(
-            f'<p class="meta">GPU utilization: mean {share_pct(gpu["mean"])}, lowest {share_pct(gpu["min"])}</p>'
-        )
+        out.append(f'<p class="meta">GPU utilization: mean {share_pct(gpu.mean)}, lowest {share_pct(gpu.min)}</p>')
     from otel_training.report.text import render_coverage
 
     # coverage, with the named time between steps (a checkpoint between epochs)
-    out.extend(f'<p class="meta">{_e(line)}</p>' for line in render_coverage({"coverage": report.get("coverage")}))
+    out.extend(f'<p class="meta">{_e(line)}</p>' for line in render_coverage(replace(report, self_check=())))
     return "".join(out)
 
 
-def _findings(findings: list[Finding]) -> str:
+def _findings(findings: Sequence[Finding]) -> str:
     if not findings:
         return ""
     items = []
@@ -93,27 +93,27 @@ def _findings(findings: list[Finding]) -> str:
     return '<ol class="findings">' + "".join(items) + "</ol>"
 
 
-def _run_section(report: dict, charts: list[dict], title: str) -> str:
+def _run_section(report: Report, charts: list[dict], title: str) -> str:
     from otel_training.report.text import render
 
-    findings = report.get("findings") or []
+    findings = report.findings or ()
     verdict = f"{findings[0].title}: {findings[0].detail}" if findings else "no data"
     meta = " · ".join(
         x
         for x in (
-            f"run {report.get('run')}",
+            f"run {report.run}",
             _source(report),
-            _when(report.get("range")),
-            timing_words(report.get("timing"), (report.get("run_facts") or {}).get("device")),
-            f"{report['world_size']} ranks" if (report.get("world_size") or 1) > 1 else "",
+            _when(report.range),
+            timing_words(report.timing, report.run_facts.device if report.run_facts is not None else None),
+            f"{report.world_size} ranks" if (report.world_size or 1) > 1 else "",
         )
         if x
     )
     blocks = "".join(f'<div class="chart" data-chart="{_e(c["id"])}"></div>' for c in charts)
-    text = render(report, findings, report.get("mode"))
+    text = render(report, findings, report.mode)
     return (
         f"<section><h2>{_e(title)}</h2><p class=meta>{_e(meta)}</p>"
-        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}{job_html(jobs(report))}'
+        f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}{job_html(report.jobs())}'
         f"<h3>Findings and advice</h3>{_findings(findings)}"
         f'<h3>Charts</h3><div class="charts">{blocks}</div>'
         f"<details><summary>The terminal report</summary><pre>{_e(text)}</pre></details></section>"
@@ -161,7 +161,7 @@ def _compare_section(c: dict, charts: list[dict]) -> str:
     )
 
 
-def build_html(reports: list[dict], comparison: dict | None = None) -> str:
+def build_html(reports: Sequence[Report], comparison: dict | None = None) -> str:
     """The page for one run, or for two side by side (with ``comparison``)."""
     for r in reports:
         require(r)
@@ -172,7 +172,7 @@ def build_html(reports: list[dict], comparison: dict | None = None) -> str:
         own = run_charts(reports[0], colors)
         charts += own
         body = _run_section(reports[0], own, "Run")
-        title = f"otel-training report: run {reports[0].get('run')}"
+        title = f"otel-training report: run {reports[0].run}"
     else:
         a, b = reports
         cmp_charts = compare_charts(a, b, colors) if comparison else []
@@ -184,7 +184,7 @@ def build_html(reports: list[dict], comparison: dict | None = None) -> str:
         body = (_compare_section(comparison, cmp_charts) if comparison else "") + (
             '<div class="side">' + "".join(sections) + "</div>"
         )
-        title = f"otel-training compare: {a.get('run')} vs {b.get('run')}"
+        title = f"otel-training compare: {a.run} vs {b.run}"
     data = json.dumps({"charts": {c["id"]: c for c in charts}}, separators=(",", ":"), allow_nan=False)
     data = data.replace("</", "<\\/")  # never closes the script element
     return (
@@ -200,7 +200,7 @@ def build_html(reports: list[dict], comparison: dict | None = None) -> str:
     )
 
 
-def write_html(path: str, reports: list[dict], comparison: dict | None = None) -> str:
+def write_html(path: str, reports: Sequence[Report], comparison: dict | None = None) -> str:
     """Write the page (atomically); returns the path."""
     text = build_html(reports, comparison)
     from otel_training.report.sources import ReportError

@@ -10,10 +10,22 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import replace
 
 from otel_training import semconv as sc
-from otel_training.diagnosis.goodput_text import jobs_from_deltas
-from otel_training.report.sources import ReportError, add_rank, finish_modes
+from otel_training.aggregate.run_model import Flops, Job, Memory, Telemetry
+from otel_training.diagnosis.goodput_text import SYMBOLS
+from otel_training.report.model import (
+    SOURCE_PROMETHEUS,
+    Gpu,
+    GpuUtilization,
+    Ranked,
+    RankRow,
+    Report,
+    TimeRange,
+    Who,
+)
+from otel_training.report.sources import ModeTotals, ReportError
 
 
 def _quote(value: str) -> str:
@@ -167,7 +179,7 @@ class PrometheusReport:
         keys = [k for k in ("training_run_id", "job") if labels.get(k)]
         return ",".join(f"{k}={_quote(labels[k])}" for k in keys)
 
-    def collect(self, run: str | None) -> dict:
+    def collect(self, run: str | None) -> Report:
         sel = self.resolve(run)
         rk = RANK_LABELS
         mk = ("training_mode",)
@@ -181,8 +193,8 @@ class PrometheusReport:
         tok = self._deltas("training_tokens_total", sel, rk + mk)
         flo = self._deltas("training_flops_total", sel, rk + mk)
         mfu = self._over_time("avg", "training_mfu_ratio", sel, rk + mk)
-        modes: dict[str, dict] = {}
-        ranks: dict[str, list[dict]] = {}
+        modes: dict[str, ModeTotals] = {}
+        ranks: dict[str, list[RankRow]] = {}
         for key in sorted(sn, key=lambda k: (_rank_sort(k[2]), k[0])):
             inst, host, rank_label, mode = key
             if sn[key] <= 0 or not mode:
@@ -191,20 +203,29 @@ class PrometheusReport:
             idles = {k[4]: v for k, v in idle.items() if k[:4] == key}
             flops = None
             if flo.get(key) and st.get(key):
-                flops = {"per_step": flo[key] / sn[key], "flop_s": flo[key] / st[key], "mfu": mfu.get(key)}
-            own = add_rank(
-                modes, mode, sn[key], smp.get(key, 0.0), st.get(key, 0.0), phases, idles, None, tok.get(key, 0.0), flops
+                flops = Flops(per_step=flo[key] / sn[key], flop_s=flo[key] / st[key], mfu=mfu.get(key))
+            own = modes.setdefault(mode, ModeTotals()).add_rank(
+                sn[key],
+                smp.get(key, 0.0),
+                st.get(key, 0.0),
+                phases,
+                idles,
+                None,
+                tok.get(key, 0.0),
+                flops,
+                rank=int(rank_label) if rank_label.isdigit() else None,
+                host=host,
+                instance=inst,
             )
-            own.update(rank=int(rank_label) if rank_label.isdigit() else None, host=host, instance=inst)
             ranks.setdefault(mode, []).append(own)
-        for rows in ranks.values():
-            if len(rows) == 1 and rows[0]["rank"] is None:
-                rows[0]["rank"] = 0
+        for mode, rows in ranks.items():
+            if len(rows) == 1 and rows[0].rank is None:
+                ranks[mode] = [replace(rows[0], rank=0)]
         gpus = self._gpus(sel)
-        hosts = sorted({r["host"] for rows in ranks.values() for r in rows if r.get("host")})
+        hosts = sorted({r.host for rows in ranks.values() for r in rows if r.host})
         if not gpus and hosts:  # sampled by a process outside the run (otel-training agent)
             gpus = self._gpus("host_name=~" + _quote("|".join(re.escape(h) for h in hosts)))
-        utils = [g["mean"] for g in gpus]
+        utils = [g.mean for g in gpus]
         tel = {}
         for name, metric in (
             ("spans_dropped", "training_telemetry_spans_dropped_total"),
@@ -213,32 +234,34 @@ class PrometheusReport:
             ("errors", "training_telemetry_errors_total"),
         ):
             tel[name] = int(round(sum(self._deltas(metric, sel, ()).values())))
-        return {
-            "source": "prometheus",
-            "prometheus": self.prom.url,
-            "selector": "{" + sel + "}",
-            "run": run or sel,
-            "range": {"start": self.start, "end": self.end},
-            "modes": finish_modes(modes),
-            "ranks": ranks,
-            "gpus": gpus,
-            "gpu_utilization": (
-                {"mean": sum(utils) / len(utils), "min": min(g["min"] for g in gpus)} if gpus else None
-            ),
-            "telemetry": tel,
-            "memory": self._memory(sel),
+        return Report(
+            source=SOURCE_PROMETHEUS,
+            prometheus=self.prom.url,
+            selector="{" + sel + "}",
+            run=run or sel,
+            range=TimeRange(start=self.start, end=self.end),
+            modes={mode: totals.finish() for mode, totals in modes.items()},
+            ranks={mode: tuple(rows) for mode, rows in ranks.items()},
+            gpus=tuple(gpus),
+            gpu_utilization=GpuUtilization(mean=sum(utils) / len(utils), min=min(g.min for g in gpus))
+            if gpus
+            else None,
+            telemetry=Telemetry(**tel),
+            memory=tuple(self._memory(sel)),
             # per process, the wall time by activity over the range (diagnosis/goodput_text.py)
-            "job": jobs_from_deltas(
-                self._deltas("training_job_time_seconds_total", sel, RANK_LABELS + ("training_activity",))
+            job=tuple(
+                jobs_from_deltas(
+                    self._deltas("training_job_time_seconds_total", sel, RANK_LABELS + ("training_activity",))
+                )
             ),
-        }
+        )
 
     def _over_time(self, fn: str, metric: str, sel: str, by: tuple[str, ...]) -> dict[tuple, float]:
         """``fn`` (avg, max, min, last) of a gauge over the range, per ``by`` labels."""
         q = f"{fn if fn != 'last' else 'max'} by ({', '.join(by)}) ({fn}_over_time({metric}{{{sel}}}[{self.window}s]))"
         return {_key(r["metric"], by): r["value"] for r in self.prom.query(q, self.end)}
 
-    def _memory(self, sel: str) -> list[dict]:
+    def _memory(self, sel: str) -> list[Ranked]:
         """Per process: the highest per-step peaks and the last step-end memory."""
         rk = RANK_LABELS
         peak = self._over_time("max", "training_memory_peak_allocated_bytes", sel, rk)
@@ -247,22 +270,20 @@ class PrometheusReport:
         rss_last = self._over_time("last", "training_memory_rss_bytes", sel, rk)
         out = []
         for key in sorted(set(peak) | set(allocated) | set(rss_last), key=lambda k: (_rank_sort(k[2]), k[0])):
-            who = {"rank": int(key[2]) if key[2].isdigit() else None, "host": key[1], "instance": key[0]}
+            who = Who(int(key[2]) if key[2].isdigit() else None, key[1], key[0])
             if key in peak or key in allocated:
-                out.append(
-                    {
-                        **who,
-                        "kind": "cuda",
-                        "peak_allocated_bytes": peak.get(key),
-                        "last_bytes": allocated.get(key),
-                        "peak_reserved_bytes": reserved.get(key),
-                    }
+                memory = Memory(
+                    kind="cuda",
+                    peak_allocated_bytes=_bytes(peak.get(key)),
+                    last_bytes=_bytes(allocated.get(key)),
+                    peak_reserved_bytes=_bytes(reserved.get(key)),
                 )
             else:
-                out.append({**who, "kind": "cpu", "last_bytes": rss_last[key]})
+                memory = Memory(kind="cpu", last_bytes=_bytes(rss_last[key]))
+            out.append(Ranked(who, memory))
         return out
 
-    def _gpus(self, sel: str) -> list[dict]:
+    def _gpus(self, sel: str) -> list[Gpu]:
         """Per GPU (host, hw_id): mean and min of ``hw_gpu_utilization_ratio``."""
         by = ("host_name", "hw_id", "gpu_index", "hw_model")
         agg: dict = {}
@@ -272,17 +293,41 @@ class PrometheusReport:
                 k = _key(r["metric"], by)
                 agg.setdefault(k, {})[fn] = r["value"]
         out = [
-            {
-                "host": k[0],
-                "gpu": k[1],
-                "index": k[2],
-                "model": k[3],
-                "mean": v.get("avg", 0.0),
-                "min": v.get("min", v.get("avg", 0.0)),
-            }
+            Gpu(
+                host=k[0], gpu=k[1], index=k[2], model=k[3], mean=v.get("avg", 0.0), min=v.get("min", v.get("avg", 0.0))
+            )
             for k, v in agg.items()
         ]
-        return sorted(out, key=lambda g: (g["host"], _rank_sort(g["index"]), g["gpu"]))
+        return sorted(out, key=lambda g: (g.host, _rank_sort(g.index), g.gpu))
+
+
+def _bytes(value: float | None) -> int | None:
+    """A byte count Prometheus gives as a number."""
+    return None if value is None else int(round(value))
+
+
+def jobs_from_deltas(deltas: dict[tuple, float]) -> list[Ranked]:
+    """Per process, a ``job`` section from Prometheus: ``deltas`` are the increases of
+    ``training_job_time_seconds_total`` over the range by (instance, host, rank,
+    activity); a process that began in the range counts its start-up (its series begin
+    with it). Wall time is what the range accounted: the sum of its activities."""
+    by_process: dict[tuple, dict[str, float]] = {}
+    for (instance, host, rank, activity), seconds in deltas.items():
+        if activity and seconds > 0:
+            by_process.setdefault((instance, host, rank), {})[activity] = seconds
+    out = []
+    for (instance, host, rank), act in sorted(by_process.items(), key=lambda kv: (kv[0][2].zfill(6), kv[0][0])):
+        wall = sum(act.values())
+        named = sorted((k for k in act if k not in SYMBOLS), key=lambda k: -act[k])
+        activities = {k: act.get(k, 0.0) for k in SYMBOLS} | {k: act[k] for k in named}
+        job = Job(
+            wall_s=wall,
+            goodput=act.get("train", 0.0) / wall if wall > 0 else 0.0,
+            activities=activities,
+            named=tuple(named),
+        )
+        out.append(Ranked(Who(int(rank) if rank.isdigit() else None, host, instance), job))
+    return out
 
 
 def _rank_sort(label: str) -> tuple:

@@ -11,9 +11,10 @@ from the step-duration histogram's buckets, plus GPU utilization and memory.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from otel_training import semconv as sc
+from otel_training.aggregate.run_model import Series
+from otel_training.diagnosis.evidence import RankSeries
+from otel_training.report.model import SOURCE_SUMMARY, GpuLine, Report
 from otel_training.report.prometheus import RANK_LABELS, Prometheus
 from otel_training.report.sources import ReportError
 
@@ -55,8 +56,8 @@ class PrometheusSeries:
                 slot[t] = slot.get(t, 0.0) + delta
         return out
 
-    def collect(self, sel: str, hosts: list[str]) -> dict:
-        """``{"ranks": [{rank, host, modes: {mode: columns}}], "gpus": {...}}``."""
+    def collect(self, sel: str, hosts: list[str]) -> tuple[tuple[RankSeries, ...], dict[str, tuple[GpuLine, ...]]]:
+        """Per rank, its windows by mode; per gauge (``utilization``, ``memory``), each GPU's line."""
         by = RANK_LABELS + ("training_mode",)
         counts = self._increases("training_step_duration_seconds_count", sel, by)
         sums = self._increases("training_step_duration_seconds_sum", sel, by)
@@ -77,39 +78,45 @@ class PrometheusSeries:
             times = sorted(t for t, n in per_t.items() if n > 0)
             names = sorted({k[4] for k in phases if k[:4] == key})
             le = sorted(((float(k[4]), k) for k in buckets if k[:4] == key), key=lambda x: (math.isinf(x[0]), x[0]))
-            col: dict[str, Any] = {"t": [t - self.step for t in times], "wall_s": [float(self.step)] * len(times)}
-            col["steps"] = [round(per_t[t]) for t in times]
-            col["step_s"] = [sums.get(key, {}).get(t, 0.0) for t in times]
-            col["samples"] = [round(samples.get(key, {}).get(t, 0.0)) for t in times]
-            for q, name in ((0.5, "p50_s"), (0.9, "p90_s")):
-                col[name] = [_quantile(q, [(b, buckets[k].get(t, 0.0)) for b, k in le]) for t in times]
-            col["phases"] = {n: [phases[key + (n,)].get(t, 0.0) for t in times] for n in names}
-            if key in idle:
-                col["gpu_idle_s"] = [idle[key].get(t, 0.0) for t in times]
-            row["modes"][mode] = col
+            p50, p90 = (
+                tuple(_quantile(q, [(b, buckets[k].get(t, 0.0)) for b, k in le]) for t in times) for q in (0.5, 0.9)
+            )
+            row["modes"][mode] = Series(
+                width=0,  # (windows of the query's step: ``wall_s``)
+                t=tuple(t - self.step for t in times),
+                wall_s=(float(self.step),) * len(times),
+                steps=tuple(round(per_t[t]) for t in times),
+                step_s=tuple(sums.get(key, {}).get(t, 0.0) for t in times),
+                samples=tuple(round(samples.get(key, {}).get(t, 0.0)) for t in times),
+                p50_s=p50,  # type: ignore[arg-type]  # (None where a window has no steps)
+                p90_s=p90,  # type: ignore[arg-type]
+                phases={n: tuple(phases[key + (n,)].get(t, 0.0) for t in times) for n in names},
+                gpu_idle_s=tuple(idle[key].get(t, 0.0) for t in times) if key in idle else None,
+            )
         rows = list(ranks.values())
         if len(rows) == 1 and rows[0]["rank"] is None:
             rows[0]["rank"] = 0
-        return {"ranks": rows, "gpus": self._gpus(sel, hosts)}
+        series = tuple(RankSeries(rank=r["rank"], host=r["host"], modes=r["modes"]) for r in rows)
+        return series, self._gpus(sel, hosts)
 
-    def _gauge(self, q: str) -> list[dict]:
+    def _gauge(self, q: str) -> tuple[GpuLine, ...]:
         out = []
         for r in self._range(q):
             labels = r["metric"]
             out.append(
-                {
-                    "host": labels.get("host_name", ""),
-                    "gpu": labels.get("gpu_index", "") or labels.get("hw_id", ""),
-                    "t": [t for t, _ in r["values"]],
-                    "v": [v for _, v in r["values"]],
-                }
+                GpuLine(
+                    host=labels.get("host_name", ""),
+                    gpu=labels.get("gpu_index", "") or labels.get("hw_id", ""),
+                    t=tuple(t for t, _ in r["values"]),
+                    v=tuple(v for _, v in r["values"]),
+                )
             )
-        return sorted(out, key=lambda g: (g["host"], g["gpu"]))
+        return tuple(sorted(out, key=lambda g: (g.host, g.gpu)))
 
-    def _gpus(self, sel: str, hosts: list[str]) -> dict:
+    def _gpus(self, sel: str, hosts: list[str]) -> dict[str, tuple[GpuLine, ...]]:
         """GPU utilization (ratio) and memory used (bytes) per GPU over time."""
         by = "host_name, gpu_index, hw_id"
-        out: dict[str, list] = {}
+        out: dict[str, tuple[GpuLine, ...]] = {}
         sels = [sel]
         if hosts:  # sampled by a process outside the run (otel-training agent)
             sels.append('host_name=~"' + "|".join(h.replace('"', "") for h in hosts) + '"')
@@ -142,11 +149,11 @@ def _quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
     return lower
 
 
-def require(report: dict) -> None:
+def require(report: Report) -> None:
     """Charts need the time series: say what to do when the source has none."""
-    if report.get("timeseries"):
+    if report.timeseries:
         return
-    if report.get("source") == "summary":
+    if report.source == SOURCE_SUMMARY:
         raise ReportError(
             "the summary file(s) hold no time series (written by an older otel-training): "
             "run again with this version to get charts"
@@ -154,7 +161,6 @@ def require(report: dict) -> None:
     raise ReportError("no training_step_duration_seconds series over time for this run in Prometheus")
 
 
-def mode_names(report: dict) -> list[str]:
+def mode_names(report: Report) -> list[str]:
     """Modes with steps, train first."""
-    modes = [m for m, v in (report.get("modes") or {}).items() if v.get("steps")]
-    return sorted(modes, key=lambda m: (m != sc.MODE_TRAIN, m))
+    return report.modes_with_steps()

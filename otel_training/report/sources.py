@@ -1,9 +1,8 @@
 """Where a report's numbers come from: run-end summary files or Prometheus.
 
-Both sources return the same *report* dict: the run-end summary's ``modes`` shape
-(aggregated over ranks) plus ``ranks`` (per process, per mode), ``gpus`` (per GPU
-utilization) and ``gpu_utilization`` (all GPUs). Failures raise :class:`ReportError`
-with a one-line message.
+Both sources return a :class:`~otel_training.report.model.Report`: the modes
+aggregated over ranks, each rank's rows, GPU utilization and the ranks' sections.
+Failures raise :class:`ReportError` with a one-line message.
 """
 
 from __future__ import annotations
@@ -12,13 +11,16 @@ import glob
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.aggregate.run_model import SCHEMA, Mode, Run, SummaryError
+from otel_training.aggregate.run_model import SCHEMA, Flops, Mode, Phase, Run, SummaryError, Telemetry
+from otel_training.diagnosis.evidence import RankSeries
 from otel_training.diagnosis.verdict_ranks import own_work_parts
+from otel_training.report.model import SOURCE_SUMMARY, Ranked, RankRow, Report, ReportMode, TimeRange, Who
 
 
 class ReportError(Exception):
@@ -26,111 +28,132 @@ class ReportError(Exception):
 
 
 # ----------------------------------------------------------------------------- merging
-def _new_mode() -> dict[str, Any]:
-    return {
-        "steps": 0,
-        "samples": 0,
-        "step_time_s": 0.0,
-        "wall_s": 0.0,
-        "throughput_sps": 0.0,
-        "tokens": 0,
-        "tokens_per_s": 0.0,
-        "_phases": {},
-        "_flops": [],
-        "gpu_idle_s": {},
-    }
+class ModeTotals:
+    """One mode's numbers summed over the ranks added (:meth:`add_rank`), made a
+    :class:`ReportMode` by :meth:`finish`."""
 
+    def __init__(self) -> None:
+        self.steps = 0
+        self.samples = 0
+        self.step_time_s = 0.0
+        self.wall_s = 0.0
+        self.samples_per_s = 0.0
+        self.tokens = 0
+        self.tokens_per_s = 0.0
+        self.timed = 0.0  # the steps in the statistics (the FLOP-count step left out)
+        self.phases: dict[tuple[str, str], tuple[float, float]] = {}
+        self.flops: list[Flops] = []
+        self.gpu_idle_s: dict[str, float] = {}
+        self.step_max_s: float | None = None
+        self.step_p50_s: float | None = None
+        self.step_p90_s: float | None = None
 
-def add_rank(
-    modes: dict[str, dict],
-    mode: str,
-    steps: float,
-    samples: float,
-    step_time: float,
-    phases: Iterable[tuple[str, str, float, float]],
-    idle: dict[str, float],
-    wall: float | None = None,
-    tokens: float = 0.0,
-    flops: dict | None = None,
-    timed: dict | None = None,
-) -> dict:
-    """Add one rank's numbers for ``mode``; returns that rank's own mode row.
-    ``flops``: the summary's ``flops`` section for this rank (per_step, flop_s, mfu...).
-    Throughput is the samples (tokens) over the mode's own summed step time, never
-    over ``wall`` (eval between training epochs spans whole epochs of training).
-    ``timed``: a summary's ``timed_steps``, ``samples_per_s`` and ``tokens_per_s``,
-    its statistics without the FLOP-count step."""
-    agg: dict[str, Any] = modes.setdefault(mode, _new_mode())
-    timed_steps = (timed or {}).get("timed_steps", steps)
-    own: dict[str, Any] = {
-        "steps": int(round(steps)),
-        "samples": int(round(samples)),
-        "step_time_s": step_time,
-        "step_mean_s": step_time / timed_steps if timed_steps else 0.0,
-        "phases": {},
-        "phase_mean_s": {},
-    }
-    own["throughput_sps"] = samples / step_time if samples and step_time else 0.0
-    own["tokens"] = int(round(tokens))
-    own["tokens_per_s"] = tokens / step_time if tokens and step_time else 0.0
-    if timed is not None:
-        own["throughput_sps"] = timed.get("samples_per_s") or 0.0
-        own["tokens_per_s"] = timed.get("tokens_per_s") or 0.0
-    agg["_timed"] = agg.get("_timed", 0.0) + timed_steps
-    agg["tokens"] += own["tokens"]
-    agg["tokens_per_s"] += own["tokens_per_s"]
-    if flops:
-        own["flops"] = flops
-        agg["_flops"].append(flops)
-    agg["steps"] += own["steps"]
-    agg["samples"] += own["samples"]
-    agg["step_time_s"] += step_time
-    agg["wall_s"] = max(agg["wall_s"], wall or step_time)
-    agg["throughput_sps"] += own["throughput_sps"]
-    for name, parent, total, count in phases:
-        t, c = agg["_phases"].get((name, parent), (0.0, 0))
-        agg["_phases"][(name, parent)] = (t + total, c + count)
-        if parent == sc.SPAN_STEP and step_time:
-            own["phases"][name] = total / step_time
-            own["phase_mean_s"][name] = total / timed_steps if timed_steps else 0.0
-    if timed_steps:  # own work and waits, seconds per step (diagnosis/verdict_ranks.py)
-        own["wait_mean_s"], own["part_mean_s"] = own_work_parts(
-            [(name, parent, total / timed_steps) for name, parent, total, _count in phases]
+    def add_rank(
+        self,
+        steps: float,
+        samples: float,
+        step_time: float,
+        phases: Iterable[tuple[str, str, float, float]],
+        idle: Mapping[str, float],
+        wall: float | None = None,
+        tokens: float = 0.0,
+        flops: Flops | None = None,
+        timed: Mode | None = None,
+        **who: Any,
+    ) -> RankRow:
+        """Add one rank's numbers; returns that rank's own row (``who``: its rank, host, ...).
+        Throughput is the samples (tokens) over the mode's own summed step time, never
+        over ``wall`` (eval between training epochs spans whole epochs of training).
+        ``timed``: the rank's summary mode, whose ``timed_steps``, ``samples_per_s``
+        and ``tokens_per_s`` leave out the FLOP-count step (None: not known)."""
+        phases = list(phases)
+        timed_steps = timed.timed_steps if timed is not None and timed.timed_steps is not None else steps
+        rate = samples / step_time if samples and step_time else 0.0
+        token_rate = tokens / step_time if tokens and step_time else 0.0
+        if timed is not None and timed.timed_steps is not None:
+            rate, token_rate = timed.samples_per_s or 0.0, timed.tokens_per_s or 0.0
+        shares, means = {}, {}
+        for name, parent, total, count in phases:
+            t, c = self.phases.get((name, parent), (0.0, 0))
+            self.phases[(name, parent)] = (t + total, c + count)
+            if parent == sc.SPAN_STEP and step_time:
+                shares[name] = total / step_time
+                means[name] = total / timed_steps if timed_steps else 0.0
+        wait = parts = None
+        if timed_steps:  # own work and waits, seconds per step (diagnosis/verdict_ranks.py)
+            wait, parts = own_work_parts([(name, parent, total / timed_steps) for name, parent, total, _c in phases])
+        own = RankRow(
+            steps=int(round(steps)),
+            samples=int(round(samples)),
+            step_time_s=step_time,
+            step_mean_s=step_time / timed_steps if timed_steps else 0.0,
+            phases=shares,
+            phase_mean_s=means,
+            samples_per_s=rate,
+            tokens=int(round(tokens)),
+            tokens_per_s=token_rate,
+            flops=flops,
+            wait_mean_s=wait,
+            part_mean_s=parts,
+            **who,
         )
-    for name, secs in idle.items():
-        agg["gpu_idle_s"][name] = agg["gpu_idle_s"].get(name, 0.0) + secs
-    return own
+        self.timed += timed_steps
+        self.tokens += own.tokens
+        self.tokens_per_s += own.tokens_per_s
+        if flops is not None:
+            self.flops.append(flops)
+        self.steps += own.steps
+        self.samples += own.samples
+        self.step_time_s += step_time
+        self.wall_s = max(self.wall_s, wall or step_time)
+        self.samples_per_s += own.samples_per_s
+        for name, secs in idle.items():
+            self.gpu_idle_s[name] = self.gpu_idle_s.get(name, 0.0) + secs
+        return own
 
-
-def finish_modes(modes: dict[str, dict]) -> dict[str, dict]:
-    """Turn accumulated totals into the summary's ``phases`` list with shares."""
-    for m in modes.values():
-        st, steps = m["step_time_s"], m.pop("_timed", m["steps"])  # the steps in the statistics
-        m["step_mean_s"] = st / steps if steps else 0.0
-        m["phases"] = [
-            {
-                "name": n,
-                "parent": p,
-                "total_s": t,
-                "mean_s": t / steps if steps else 0.0,
-                "count": int(round(c)),
-                "share": t / st if st else 0.0,
-            }
-            for (n, p), (t, c) in sorted(m.pop("_phases").items(), key=lambda kv: -kv[1][0])
-        ]
-        idle = sum(m["gpu_idle_s"].values())
-        m["gpu_idle_share"] = idle / st if (st and m["gpu_idle_s"]) else None
-        ranks = m.pop("_flops")
+    def finish(self) -> ReportMode:
+        """The mode: the phases with their shares, the largest first."""
+        st, steps = self.step_time_s, self.timed
+        phases = tuple(
+            Phase(
+                name=n,
+                parent=p,
+                total_s=t,
+                mean_s=t / steps if steps else 0.0,
+                count=int(round(c)),
+                share=t / st if st else 0.0,
+            )
+            for (n, p), (t, c) in sorted(self.phases.items(), key=lambda kv: -kv[1][0])
+        )
+        idle = sum(self.gpu_idle_s.values())
+        flops = None
+        ranks = self.flops
         if ranks:  # all ranks together: FLOP/s and peaks add up, MFU is their mean
-            mfus = [f["mfu"] for f in ranks if f.get("mfu") is not None]
-            peaks = [f.get("peak_flop_s") for f in ranks]
-            m["flops"] = {
-                **ranks[0],
-                "flop_s": sum(f.get("flop_s") or 0.0 for f in ranks),
-                "peak_flop_s": sum(p for p in peaks if p) if all(peaks) else None,
-                "mfu": sum(mfus) / len(mfus) if mfus else None,
-            }
-    return modes
+            mfus = [f.mfu for f in ranks if f.mfu is not None]
+            peaks = [f.peak_flop_s for f in ranks]
+            flops = replace(
+                ranks[0],
+                flop_s=sum(f.flop_s or 0.0 for f in ranks),
+                peak_flop_s=sum(p for p in peaks if p) if all(peaks) else None,
+                mfu=sum(mfus) / len(mfus) if mfus else None,
+            )
+        return ReportMode(
+            steps=self.steps,
+            samples=self.samples,
+            step_time_s=st,
+            wall_s=self.wall_s,
+            samples_per_s=self.samples_per_s,
+            tokens=self.tokens,
+            tokens_per_s=self.tokens_per_s,
+            gpu_idle_s=self.gpu_idle_s,
+            step_mean_s=st / steps if steps else 0.0,
+            phases=phases,
+            gpu_idle_share=idle / st if (st and self.gpu_idle_s) else None,
+            flops=flops,
+            step_max_s=self.step_max_s,
+            step_p50_s=self.step_p50_s,
+            step_p90_s=self.step_p90_s,
+        )
 
 
 # ----------------------------------------------------------------------- summary files
@@ -171,7 +194,7 @@ def summary_paths(arg: str) -> list[str]:
     return out
 
 
-def load_summaries(paths: list[str]) -> dict:
+def load_summaries(paths: list[str]) -> Report:
     """Merge one summary file per rank into a report (``paths``: names, lists or globs)."""
     names = [p for arg in paths for p in summary_paths(arg)]
     return merge_summaries([(p, read_summary(p)) for p in names])
@@ -220,7 +243,7 @@ def latest_attempts(files: list[tuple[str, Run]]) -> tuple[list[tuple[str, Run]]
     return sorted(kept, key=lambda f: order[f[0]]), sorted((p for p, _ in dropped), key=order.__getitem__)
 
 
-def merge_summaries(given: list[tuple[str, Run | dict]]) -> dict:
+def merge_summaries(given: list[tuple[str, Run | dict]]) -> Report:
     """Merge run-end summaries (one per rank, each with its file name) into a report."""
     files = [(path, s if isinstance(s, Run) else Run.from_dict(s)) for path, s in given]
     seen: dict = {}
@@ -232,40 +255,36 @@ def merge_summaries(given: list[tuple[str, Run | dict]]) -> dict:
     files, earlier = latest_attempts(files)
     _one_run(files)
     runs = sorted({str(s.run_id) for _, s in files})
-    modes: dict[str, dict] = {}
-    ranks: dict[str, list[dict]] = {}
-    tel = {"spans_dropped": 0, "steps_dropped": 0, "export_failures": 0, "errors": 0}
-    coverage: list[dict] = []
-    checks: list[dict] = []
-    memory: list[dict] = []
-    jobs: list[dict] = []  # per rank, the wall time by activity (aggregate/job.py)
+    modes: dict[str, ModeTotals] = {}
+    ranks: dict[str, list[RankRow]] = {}
+    tel = [0, 0, 0, 0]
+    coverage: list[Ranked] = []
+    checks: list[Ranked] = []
+    memory: list[Ranked] = []
+    jobs: list[Ranked] = []  # per rank, the wall time by activity (aggregate/job.py)
     ordered = sorted(files, key=lambda f: (f[1].rank or 0, f[0]))
     for path, s in ordered:
-        who = {"rank": s.rank, "host": s.host}
+        who = Who(s.rank, s.host)
         if s.job is not None:
-            jobs.append({**who, **s.job.to_dict()})
+            jobs.append(Ranked(who, s.job))
         if s.coverage is not None and s.coverage.to_dict():
-            coverage.append({**who, **s.coverage.to_dict()})
+            coverage.append(Ranked(who, s.coverage))
         if s.memory is not None and s.memory.to_dict():
-            memory.append({**who, **s.memory.to_dict()})
-        checks.extend({**who, **f.to_dict()} for f in s.self_check or ())
+            memory.append(Ranked(who, s.memory))
+        checks.extend(Ranked(who, f) for f in s.self_check or ())
         for mode, m in s.modes.items():
             if not m.steps:
                 continue
-            own = add_rank(
-                modes,
-                mode,
+            own = modes.setdefault(mode, ModeTotals()).add_rank(
                 float(m.steps),
                 float(m.samples),
                 float(m.step_time_s),
                 [(p.name, p.parent, float(p.total_s), float(p.count)) for p in m.phases],
-                dict(m.gpu_idle_s),
+                m.gpu_idle_s,
                 wall=float(m.wall_s) or None,
                 tokens=float(m.tokens or 0),
-                flops=m.flops.to_dict() if m.flops is not None else None,
-                timed=_timed(m),
-            )
-            own.update(
+                flops=m.flops,
+                timed=m,
                 rank=s.rank,
                 host=s.host,
                 pid=s.pid,
@@ -275,51 +294,40 @@ def merge_summaries(given: list[tuple[str, Run | dict]]) -> dict:
                 step_max_s=m.step_max_s,
             )
             ranks.setdefault(mode, []).append(own)
-        for k, v in s.telemetry.to_dict().items():
-            tel[k] += v
+        t = s.telemetry
+        for i, v in enumerate((t.spans_dropped, t.steps_dropped, t.export_failures, t.errors)):
+            tel[i] += v
     first = files[0][1]
     for mode, rows in ranks.items():
-        modes[mode]["step_max_s"] = max((r["step_max_s"] or 0.0) for r in rows)
+        totals = modes[mode]
+        totals.step_max_s = max((r.step_max_s or 0.0) for r in rows)
         if len(rows) == 1:
-            modes[mode].update(step_p50_s=rows[0]["step_p50_s"], step_p90_s=rows[0]["step_p90_s"])
-    return {
-        "source": "summary",
-        "files": [p for p, _ in files],
-        "earlier_attempts": earlier,  # a restarted rank's earlier summaries (its last one's job.run covers them)
-        "service": first.service,
-        "run": ", ".join(runs),
-        "timing": first.timing,
-        "world_size": first.world_size,
-        "range": {
-            "start": min(s.started_at or 0 for _, s in files),
-            "end": max(s.ended_at or 0 for _, s in files),
-        },
-        "modes": finish_modes(modes),
-        "ranks": ranks,
-        "gpus": [],
-        "gpu_utilization": None,
-        "telemetry": tel,
-        "coverage": coverage,
-        "self_check": checks,
-        "memory": memory,
-        "job": jobs,
+            totals.step_p50_s, totals.step_p90_s = rows[0].step_p50_s, rows[0].step_p90_s
+    return Report(
+        source=SOURCE_SUMMARY,
+        files=tuple(p for p, _ in files),
+        earlier_attempts=tuple(earlier),
+        service=first.service,
+        run=", ".join(runs),
+        timing=first.timing,
+        world_size=first.world_size,
+        range=TimeRange(
+            start=min(s.started_at or 0 for _, s in files),
+            end=max(s.ended_at or 0 for _, s in files),
+        ),
+        modes={mode: totals.finish() for mode, totals in modes.items()},
+        ranks={mode: tuple(rows) for mode, rows in ranks.items()},
+        telemetry=Telemetry(spans_dropped=tel[0], steps_dropped=tel[1], export_failures=tel[2], errors=tel[3]),
+        coverage=tuple(coverage),
+        self_check=tuple(checks),
+        memory=tuple(memory),
+        job=tuple(jobs),
         # per rank, the run over time (aggregate/timeseries.py), for the HTML report
-        "timeseries": [
-            {"rank": s.rank, "host": s.host, "modes": {k: v.to_dict() for k, v in s.timeseries.items()}}
-            for _, s in ordered
-            if s.timeseries
-        ],
+        timeseries=tuple(RankSeries(rank=s.rank, host=s.host, modes=s.timeseries) for _, s in ordered if s.timeseries),
         # what the run already does (the lowest rank's ``run`` section), for advice that fits it
-        "run_facts": next((s.run.to_dict() for _, s in ordered if s.run is not None), None),
-        "loaders": sorted({str(k) for _, s in files for k in s.loaders or ()}),
-    }
-
-
-def _timed(m: Mode) -> dict | None:
-    """A mode's statistics without the FLOP-count step (None: a file from before they were)."""
-    if m.timed_steps is None:
-        return None
-    return {"timed_steps": m.timed_steps, "samples_per_s": m.samples_per_s, "tokens_per_s": m.tokens_per_s}
+        run_facts=next((s.run for _, s in ordered if s.run is not None), None),
+        loaders=tuple(sorted({str(k) for _, s in files for k in s.loaders or ()})),
+    )
 
 
 # --------------------------------------------------------------------------- Prometheus

@@ -4,12 +4,11 @@ memory, coverage, telemetry problems and the findings."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from otel_training import semconv as sc
 from otel_training.aggregate.coverage import gap_place
-from otel_training.aggregate.run_model import CheckFinding, Mode, Phase
-from otel_training.diagnosis.evidence import RankTimes
+from otel_training.aggregate.run_model import Mode, Phase
 from otel_training.diagnosis.finding import Finding
 from otel_training.diagnosis.findings_text import render_findings, self_check_lines
 from otel_training.diagnosis.formatting import bar, ms, share_pct, table
@@ -17,17 +16,17 @@ from otel_training.diagnosis.goodput_text import report_lines
 from otel_training.diagnosis.measures_text import compute_text, memory_text, named_text
 from otel_training.diagnosis.verdict_ranks import own_work, slowest
 from otel_training.diagnosis.words import plural, timing_words
-from otel_training.report import views
+from otel_training.report.model import SOURCE_SUMMARY, RankRow, Report, ReportMode
 
 
-def top_phases(mode: dict) -> list[dict]:
-    """A mode's top-level phases (children of the step), the largest share first."""
-    return sorted((p for p in mode.get("phases") or () if p["parent"] == sc.SPAN_STEP), key=lambda p: -p["share"])
-
-
-def by_size(pa: dict, pb: dict) -> list[str]:
+def by_size(pa: Mapping[str, Phase], pb: Mapping[str, Phase]) -> list[str]:
     """Phase names of two runs, the largest (ms per step in either) first."""
-    return sorted(set(pa) | set(pb), key=lambda n: -max(pa.get(n, {}).get("mean_s", 0), pb.get(n, {}).get("mean_s", 0)))
+
+    def mean(phases: Mapping[str, Phase], name: str) -> float:
+        p = phases.get(name)
+        return p.mean_s if p is not None else 0.0
+
+    return sorted(set(pa) | set(pb), key=lambda n: -max(mean(pa, n), mean(pb, n)))
 
 
 def _ordered_phases(phases: Sequence[Phase]) -> list[tuple[Phase, int]]:
@@ -50,12 +49,12 @@ def _ordered_phases(phases: Sequence[Phase]) -> list[tuple[Phase, int]]:
     return out
 
 
-def idle_share(m: Mode) -> float | None:
+def idle_share(m: Mode | ReportMode) -> float | None:
     """The GPU's idle time as a share of the mode's step time (None: not measured)."""
     return sum(m.gpu_idle_s.values()) / m.step_time_s if (m.step_time_s and m.gpu_idle_s) else None
 
 
-def render_mode(mode: str, m: Mode) -> list[str]:
+def render_mode(mode: str, m: Mode | ReportMode) -> list[str]:
     """A mode's head line (counts, rates, step statistics), its phase table, compute and GPU idle time."""
     rates = f"{m.samples_per_s or 0.0:,.1f} samples/s"
     if m.tokens_per_s:
@@ -91,39 +90,41 @@ def render_mode(mode: str, m: Mode) -> list[str]:
     return lines
 
 
-def render_gpus(report: dict) -> list[str]:
-    gpus = report.get("gpus") or []
+def render_gpus(report: Report) -> list[str]:
+    gpus = report.gpus
     if not gpus:
-        if report.get("source") == "summary":
+        if report.source == SOURCE_SUMMARY:
             return ["GPU utilization: not in summary files (use --prometheus for hw_gpu_utilization_ratio)"]
         return [
             "GPU utilization: no hw_gpu_utilization_ratio series for this run (no GPU, or the hardware sampler was off)"
         ]
-    rows = [[g["host"], g["index"] or g["gpu"], g["model"], share_pct(g["mean"]), share_pct(g["min"])] for g in gpus]
-    u = report["gpu_utilization"]
-    return (
-        ["GPU utilization (hw_gpu_utilization_ratio):"]
-        + table(["host", "gpu", "model", "mean", "min"], rows, {3, 4})
-        + [f"  all {len(gpus)} GPUs: mean {share_pct(u['mean'])}, lowest {share_pct(u['min'])}"]
+    rows = [[g.host, g.index or g.gpu, g.model, share_pct(g.mean), share_pct(g.min)] for g in gpus]
+    u = report.gpu_utilization
+    lines = ["GPU utilization (hw_gpu_utilization_ratio):"] + table(
+        ["host", "gpu", "model", "mean", "min"], rows, {3, 4}
     )
+    if u is not None:
+        lines.append(f"  all {len(gpus)} GPUs: mean {share_pct(u.mean)}, lowest {share_pct(u.min)}")
+    return lines
 
 
-def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
+def render_ranks(mode: str, rows: Sequence[RankRow], phases: list[str]) -> list[str]:
     if len(rows) < 2:
         return []
-    waits = all("wait_mean_s" in r for r in rows)  # own work: the step minus the waits
+    waits = all(r.wait_mean_s is not None for r in rows)  # own work: the step minus the waits
     body = []
     for r in rows:
+        wait = r.wait_mean_s or 0.0
         body.append(
             [
-                str(r.get("rank") if r.get("rank") is not None else "?"),
-                str(r.get("host") or ""),
-                f"{r['steps']:,}",
-                ms(r["step_mean_s"]),
+                str(r.rank if r.rank is not None else "?"),
+                str(r.host or ""),
+                f"{r.steps:,}",
+                ms(r.step_mean_s),
             ]
-            + ([ms(r["wait_mean_s"]), ms(max(0.0, r["step_mean_s"] - r["wait_mean_s"]))] if waits else [])
-            + [f"{r['throughput_sps']:,.1f}"]
-            + [share_pct(r["phases"].get(p, 0.0)) for p in phases]
+            + ([ms(wait), ms(max(0.0, r.step_mean_s - wait))] if waits else [])
+            + [f"{r.samples_per_s:,.1f}"]
+            + [share_pct(r.phases.get(p, 0.0)) for p in phases]
         )
     extra = ["wait ms", "own ms"] if waits else []
     lines = [f"ranks ({mode}):"] + table(
@@ -131,7 +132,7 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
         body,
         set(range(2, 5 + len(extra) + len(phases))),
     )
-    times = [RankTimes.from_dict(r, "ranks") for r in rows]
+    times = [r.times() for r in rows]
     means = [t.step_mean_s for t in times if t.step_mean_s]
     if means:
         slow, ratio, _ = slowest(times, lambda t: t.step_mean_s or 0.0)
@@ -150,10 +151,10 @@ def render_ranks(mode: str, rows: list[dict], phases: list[str]) -> list[str]:
     return lines
 
 
-def render_coverage(report: dict) -> list[str]:
+def render_coverage(report: Report) -> list[str]:
     """Per rank, the share of the training loop inside steps; the self-check's findings."""
     lines = []
-    ranks = views.coverage(report)
+    ranks = report.coverages()
     for rank, c in ranks:
         who = f"rank {rank} " if len(ranks) > 1 and rank is not None else ""
         line = (
@@ -166,42 +167,42 @@ def render_coverage(report: dict) -> list[str]:
                 f"{gap_place(c.largest_gap_after_step)})"
             )
         lines.append(line)
-    for f in report.get("self_check") or ():
-        who = f" (rank {f['rank']})" if len(ranks) > 1 and f.get("rank") is not None else ""
-        lines.extend(self_check_lines(CheckFinding.from_dict(f, "self_check"), "", who))
+    for rank, f in report.checks():
+        who = f" (rank {rank})" if len(ranks) > 1 and rank is not None else ""
+        lines.extend(self_check_lines(f, "", who))
     return lines
 
 
-def render(report: dict, findings: list[Finding], mode: str | None) -> str:
+def render(report: Report, findings: Sequence[Finding] | None = None, mode: str | None = None) -> str:
+    """The report as text: ``findings`` and ``mode``, the report's own by default."""
+    findings = report.findings or () if findings is None else findings
+    mode = report.mode if mode is None else mode
     fmt = "%Y-%m-%d %H:%M:%S"
-    rng = report.get("range") or {}
+    rng = report.range
     when = ""
-    if rng.get("start") and rng.get("end"):
-        when = (
-            f", {time.strftime(fmt, time.localtime(rng['start']))} .. {time.strftime(fmt, time.localtime(rng['end']))}"
-        )
+    if rng.start and rng.end:
+        when = f", {time.strftime(fmt, time.localtime(rng.start))} .. {time.strftime(fmt, time.localtime(rng.end))}"
     src = (
-        plural(len(report["files"]), "summary file")
-        if report["source"] == "summary"
-        else f"{report['prometheus']} {report['selector']}"
+        plural(len(report.files), "summary file")
+        if report.source == SOURCE_SUMMARY
+        else f"{report.prometheus} {report.selector}"
     )
-    lines = [f"otel-training report: run {report.get('run')} ({src}{when})"]
-    timing = timing_words(report.get("timing"), (report.get("run_facts") or {}).get("device"))
+    lines = [f"otel-training report: run {report.run} ({src}{when})"]
+    timing = timing_words(report.timing, report.run_facts.device if report.run_facts is not None else None)
     if timing:
         lines[0] += f", {timing}"
-    for name, m in views.modes(report).items():
+    for name, m in report.modes.items():
         lines.append("")
         lines.extend(render_mode(name, m))
     lines.append("")
     lines.extend(render_gpus(report))
     if mode:
-        rows = (report.get("ranks") or {}).get(mode) or []
-        top = [p["name"] for p in top_phases(report["modes"][mode])][:3]
-        rk = render_ranks(mode, rows, top)
+        top = [p.name for p in report.modes[mode].top_phases()][:3]
+        rk = render_ranks(mode, report.rank_rows(mode), top)
         if rk:
             lines.append("")
             lines.extend(rk)
-    mems = views.memory(report)
+    mems = report.memories()
     for mem in mems:
         who = f"rank {mem.rank} " if len(mems) > 1 and mem.rank is not None else ""
         lines.append(f"{who}{memory_text(mem.memory)}")
@@ -210,12 +211,12 @@ def render(report: dict, findings: list[Finding], mode: str | None) -> str:
         lines.append("")
         lines.extend(cover)
     goodput = report_lines(  # the goodput bar
-        views.jobs(report), views.coverage(report), views.facts(report), report.get("earlier_attempts") or ()
+        report.jobs(), report.coverages(), report.run_facts, report.earlier_attempts
     )
     if goodput:
         lines.append("")
         lines.extend(goodput)
-    tel = {k: v for k, v in (report.get("telemetry") or {}).items() if v}
+    tel = {k: v for k, v in report.telemetry.to_dict().items() if v}
     if tel:
         lines.append("")
         lines.append("telemetry problems: " + ", ".join(f"{k}={v}" for k, v in tel.items()))
