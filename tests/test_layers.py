@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("record", {"record"}),  # the training thread
     ("aggregate", {"aggregate"}),  # the pipeline thread
     ("diagnosis", {"diagnosis"}),  # findings and run text, from the aggregates
-    ("report", {"report"}),  # views of runs: sources, rank merging, charts, compare, the HTML page
+    ("report", {"report", "live"}),  # views of runs: sources, rank merging, charts, compare, the HTML page, live
     ("export", {"export"}),  # OpenTelemetry instruments, spans, files
     ("runtime", {"runtime", "integrations"}),  # the wiring; framework integrations
     ("entry points", {"instrumentor", "preflight", "distro"}),  # what opentelemetry-instrument loads
@@ -194,16 +194,18 @@ def test_the_import_reader_resolves(monkeypatch, source, module, expected):
     assert _imports(module) == {expected}
 
 
-def test_only_the_commands_import_the_report():
-    """The report (``report/``) is read by the commands (``cli/``) alone: the runtime and
-    what lies under it never build one."""
-    readers = sorted(
+@pytest.mark.parametrize("view,readers", [("report", ("report", "live", "cli")), ("live", ("live", "cli"))])
+def test_only_the_commands_import_the_views(view, readers):
+    """The report (``report/``, also what the live view builds on) and the live view
+    (``live/``) are read by the commands (``cli/``) alone: the runtime and what lies
+    under it never build one."""
+    found = sorted(
         f"{_file(a)} -> {_file(b)}"
         for a, targets in GRAPH.items()
         for b in targets
-        if b.split(".")[1:2] == ["report"] and a.split(".")[1:2] not in (["report"], ["cli"])
+        if b.split(".")[1:2] == [view] and (a.split(".") + [""])[1] not in readers
     )
-    assert not readers, "imports of the report from outside the commands:\n" + "\n".join(readers)
+    assert not found, f"imports of {view}/ from outside the commands:\n" + "\n".join(found)
 
 
 # -- ownership: the recorder's shared objects are written by their owners only ------------

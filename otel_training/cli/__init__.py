@@ -8,6 +8,7 @@ _COMMANDS = {
     "demo": ("otel_training.cli.demo", "run a small training job with a slow data pipeline and print its breakdown"),
     "report": ("otel_training.cli.report", "explain a run from Prometheus or a run-end summary file"),
     "compare": ("otel_training.cli.compare", "compare two runs: what got faster or slower, beyond the noise"),
+    "top": ("otel_training.cli.top", "watch a run live in the terminal (launch it, or receive its OTLP)"),
     "trace-merge": ("otel_training.cli.trace_merge", "merge trace files (ranks, torch.profiler) on one clock"),
     "bench-data": ("otel_training.cli.bench_data", "benchmark a Dataset and DataLoader settings"),
     "agent": ("otel_training.cli.agent", "sample host and GPU hardware and export it (no training needed)"),

@@ -79,7 +79,7 @@ class PrometheusSeries:
             names = sorted({k[4] for k in phases if k[:4] == key})
             le = sorted(((float(k[4]), k) for k in buckets if k[:4] == key), key=lambda x: (math.isinf(x[0]), x[0]))
             p50, p90 = (
-                tuple(_quantile(q, [(b, buckets[k].get(t, 0.0)) for b, k in le]) for t in times) for q in (0.5, 0.9)
+                tuple(quantile(q, [(b, buckets[k].get(t, 0.0)) for b, k in le]) for t in times) for q in (0.5, 0.9)
             )
             row["modes"][mode] = Series(
                 width=0,  # (windows of the query's step: ``wall_s``)
@@ -132,7 +132,7 @@ class PrometheusSeries:
         return out
 
 
-def _quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
     """Prometheus' ``histogram_quantile`` over one window's cumulative bucket counts."""
     if not buckets or buckets[-1][1] <= 0:
         return None
