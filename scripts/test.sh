@@ -24,6 +24,8 @@ bash scripts/install-alertmanager.sh || echo "test.sh: could not install Alertma
 bash scripts/install-grafana-npm.sh || echo "test.sh: could not install Grafana's npm packages; their tests will skip (or fail in CI)" >&2
 # Debian's chromium for the HTML report's browser test, installed the same way.
 bash scripts/install-chromium.sh || echo "test.sh: could not install Chromium; the browser test will skip (or fail in CI)" >&2
+# Debian's tmux for the live view's terminal tests (tests/test_top.py), installed the same way.
+bash scripts/install-tmux.sh || echo "test.sh: could not install tmux; the live view's terminal tests will skip (or fail in CI)" >&2
 export PATH="$PWD/.tools/bin:$PATH"
 # The checks people use: ruff (lint + format) and mypy, on the package.
 .venv/bin/ruff check otel_training

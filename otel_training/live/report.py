@@ -2,7 +2,8 @@
 its last windows, merged over ranks by the code ``otel-training report`` merges
 summary files with (``report/sources.py``), and diagnosed by the same verdict
 (``report/build.py``). What the screen shows besides: each mode's step-time
-quantiles and trend, from the step-duration histogram's buckets.
+mean, the buckets its median and p90 lie in (the histogram's: no finer figure is
+in the data) and its trend.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from otel_training.aggregate.run_model import Flops, Job, Memory, Series, Teleme
 from otel_training.diagnosis.evidence import RankSeries
 from otel_training.report.build import diagnosed
 from otel_training.report.model import Gpu, GpuUtilization, Ranked, RankRow, Report, TimeRange, Who
-from otel_training.report.series import quantile
 from otel_training.report.sources import ModeTotals
 
 from .state import LiveRun, ModeLive, ProcessLive, Window
@@ -24,13 +24,29 @@ SOURCE_LIVE = "live"
 
 @dataclass(frozen=True, slots=True)
 class StepTimes:
-    """A mode's step time, merged over ranks: the last windows' quantiles, the run's
-    mean, and the mean of each recent window (oldest first), seconds."""
+    """A mode's step time, merged over ranks, seconds: the last windows' mean and the
+    histogram buckets (low, high) their median and p90 lie in; the run's mean; the mean
+    of each recent window (oldest first)."""
 
-    p50_s: float | None
-    p90_s: float | None
+    last_mean_s: float | None
+    p50_in: tuple[float, float] | None
+    p90_in: tuple[float, float] | None
     mean_s: float | None
     trend_s: tuple[float, ...]
+
+
+def bucket_of(q: float, bounds: tuple[float, ...], counts: list[float]) -> tuple[float, float] | None:
+    """The bucket ``(low, high]`` the ``q`` quantile of the counts lies in."""
+    total = sum(counts)
+    if not total or len(counts) != len(bounds) + 1:
+        return None
+    edges = (0.0, *bounds, float("inf"))
+    seen = 0.0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= q * total:
+            return edges[i], edges[i + 1]
+    return edges[-2], edges[-1]
 
 
 def _add(totals: ModeTotals, proc: ProcessLive, m: ModeLive | None, windows: list[Window] | None) -> RankRow | None:
@@ -158,8 +174,8 @@ def _series(m: ModeLive) -> Series:
 
 
 def step_times(run: LiveRun, mode: str, last: int = 5, trend: int = 60) -> StepTimes:
-    """``mode``'s step time over every process: quantiles of the last ``last`` windows
-    (the histogram's buckets), the run's mean, the last ``trend`` windows' means."""
+    """``mode``'s step time over every process: the last ``last`` windows' mean and
+    quantile buckets, the run's mean, the last ``trend`` windows' means."""
     with run.lock:
         ms = [p.modes[mode] for p in run.processes.values() if mode in p.modes]
         steps = sum(m.steps for m in ms)
@@ -167,9 +183,12 @@ def step_times(run: LiveRun, mode: str, last: int = 5, trend: int = 60) -> StepT
         counts: list[float] = []
         bounds: tuple[float, ...] = ()
         by_end: dict[int, list[float]] = {}
+        recent = [0.0, 0.0]
         for m in ms:
             ws = list(m.windows)
             for w in ws[-last:]:
+                recent[0] += w.step_s
+                recent[1] += w.steps
                 if w.bounds and (not bounds or w.bounds == bounds):
                     bounds = w.bounds
                     counts = [a + b for a, b in zip(counts or [0.0] * len(w.buckets), w.buckets)]
@@ -177,16 +196,14 @@ def step_times(run: LiveRun, mode: str, last: int = 5, trend: int = 60) -> StepT
                 acc = by_end.setdefault(back, [0.0, 0.0])
                 acc[0] += w.step_s
                 acc[1] += w.steps
-    cumulative, total = [], 0.0
-    for c in counts:
-        total += c
-        cumulative.append(total)
-    edges = list(bounds) + [float("inf")]
-    pairs = list(zip(edges, cumulative))
-    p50 = quantile(0.5, pairs) if pairs else None
-    p90 = quantile(0.9, pairs) if pairs else None
     means = [by_end[b][0] / by_end[b][1] for b in sorted(by_end, reverse=True) if by_end[b][1]]
-    return StepTimes(p50_s=p50, p90_s=p90, mean_s=mean, trend_s=tuple(means))
+    return StepTimes(
+        last_mean_s=recent[0] / recent[1] if recent[1] else None,
+        p50_in=bucket_of(0.5, bounds, counts),
+        p90_in=bucket_of(0.9, bounds, counts),
+        mean_s=mean,
+        trend_s=tuple(means),
+    )
 
 
 def heat(run: LiveRun, mode: str, columns: int = 40) -> list[tuple[ProcessLive, list[float | None]]]:
@@ -195,7 +212,9 @@ def heat(run: LiveRun, mode: str, columns: int = 40) -> list[tuple[ProcessLive, 
         out = []
         for proc in run.ordered():
             m = proc.modes.get(mode)
-            ws = list(m.windows)[-columns:] if m is not None else []
+            if m is None or not m.windows:
+                continue  # (a launcher, or a process of the other mode only)
+            ws = list(m.windows)[-columns:]
             row: list[float | None] = [None] * (columns - len(ws))
             row.extend(w.step_s / w.steps if w.steps else None for w in ws)
             out.append((proc, row))

@@ -43,6 +43,11 @@ class Frame:
     job_status: str | None = None  # launch mode: "running", "ended (exit 0)"
 
 
+def _range(bucket: tuple[float, float]) -> str:
+    low, high = bucket
+    return f"{ms(low)}–{ms(high)}" if high != float("inf") else f"> {ms(low)}"
+
+
 def sparkline(values: Sequence[float]) -> str:
     if not values:
         return ""
@@ -105,8 +110,10 @@ def overview(frame: Frame) -> RenderableType:
     st = frame.steps
     head = Text()
     head.append(f"{mode}: {m.steps:,} steps", style="bold")
-    head.append(f"   step p50 {ms(st.p50_s)} ms  p90 {ms(st.p90_s)} ms (last {WINDOW_EXPORTS} exports)")
-    head.append(f"   run mean {ms(st.mean_s)} ms")
+    head.append(f"   step mean {ms(st.last_mean_s)} ms (last {WINDOW_EXPORTS} exports), {ms(st.mean_s)} ms (run)")
+    quantiles = [f"{name} in {_range(b)} ms" for name, b in (("p50", st.p50_in), ("p90", st.p90_in)) if b]
+    if quantiles:
+        head.append(f"\n  {', '.join(quantiles)} (the step-duration histogram's buckets)")
     if st.trend_s:
         head.append(f"\n  trend  {sparkline(st.trend_s)}  ({ms(min(st.trend_s))}..{ms(max(st.trend_s))} ms a step)")
     rates = f"\n  {lm.samples_per_s if lm else m.samples_per_s:,.1f} samples/s (last), {m.samples_per_s:,.1f} (run)"
@@ -190,7 +197,7 @@ def heatmap(frame: Frame) -> RenderableType:
     span = (hi - lo) or 1.0
     out = Text(f"step time per rank, one column an export ({mode}; {ms(lo)}..{ms(hi)} ms)\n")
     for proc, row in frame.heat:
-        out.append(f"rank {proc.rank if proc.rank is not None else '?':>3} ")
+        out.append(f"rank {proc.rank if proc.rank is not None else '-':>3} ")
         for v in row:
             if v is None:
                 out.append(" ")

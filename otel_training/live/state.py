@@ -85,12 +85,14 @@ class ProcessLive:
         self.mfu: float | None = None
         self.gpus: dict[str, dict[str, Any]] = {}  # hw.id -> latest GPU gauges
         self.exited: int | None = None  # the exit status, when the viewer launched it
+        self.who: dict[str, Any] = {}  # training.rank, training.world_size, as its points carry them
         self._last: dict[tuple, tuple] = {}  # cumulative series -> (start, count, sum, buckets)
 
     # -- who -----------------------------------------------------------------------------------
     @property
     def rank(self) -> int | None:
-        r = self.resource.get(sc.ATTR_RANK)
+        """The rank its points carry (known once its process group is)."""
+        r = self.who.get(sc.ATTR_RANK, self.resource.get(sc.ATTR_RANK))
         return int(r) if isinstance(r, int) or (isinstance(r, str) and r.isdigit()) else None
 
     @property
@@ -165,6 +167,9 @@ class ProcessLive:
             temporality = metric.histogram.aggregation_temporality
             for p in metric.histogram.data_points:
                 attrs = _attributes(p.attributes)
+                if sc.ATTR_RANK in attrs:
+                    self.who[sc.ATTR_RANK] = attrs[sc.ATTR_RANK]
+                    self.who[sc.ATTR_WORLD_SIZE] = attrs.get(sc.ATTR_WORLD_SIZE)
                 mode = str(attrs.get(sc.ATTR_MODE) or "")
                 if not mode or mode == sc.MODE_BETWEEN:
                     continue
