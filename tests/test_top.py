@@ -200,14 +200,15 @@ def test_two_ranks_under_torchrun_show_both_and_mark_the_straggler(tmp_path):
         pane.close()
 
 
-def test_the_viewer_killed_mid_run_changes_nothing_in_the_job(tmp_path):
-    """Attach mode: a job exporting to the viewer, the viewer killed (SIGKILL) once it
-    shows steps: the job's exit status, step count and summary are those of the same
-    job with no viewer ever listening."""
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_the_viewer_killed_or_frozen_mid_run_changes_nothing_in_the_job(tmp_path, how):
+    """Attach mode: a job exporting to the viewer, the viewer killed (SIGKILL) or frozen
+    (SIGSTOP) once it shows steps: the job's exit status, step count and summary are
+    those of the same job with no viewer ever listening."""
     port = free_port()
     pane = Pane(tmp_path, [str(BIN / "otel-training"), "top", "--listen", f"127.0.0.1:{port}",
                            "--http-listen", f"127.0.0.1:{free_port()}"], _env(tmp_path))
-    runs = {}
+    runs, viewer = {}, []
     try:
         for name, endpoint in (("viewer", port), ("none", free_port())):
             d = tmp_path / name
@@ -222,10 +223,15 @@ def test_the_viewer_killed_mid_run_changes_nothing_in_the_job(tmp_path):
                                         text=True).stdout.split()
                 assert viewer, "no viewer process"
                 for pid in viewer:
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(int(pid), signal.SIGKILL if how == "killed" else signal.SIGSTOP)
             stdout, stderr = job.communicate(timeout=240)
             runs[name] = (job.returncode, stdout, stderr, json.loads((d / "summary.json").read_text()))
     finally:
+        for pid in viewer:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         pane.close()
     (code_v, out_v, err_v, sum_v), (code_n, out_n, _, sum_n) = runs["viewer"], runs["none"]
     assert code_v == code_n == 0, err_v
@@ -234,6 +240,31 @@ def test_the_viewer_killed_mid_run_changes_nothing_in_the_job(tmp_path):
         assert sum_v["modes"]["train"][key] == sum_n["modes"]["train"][key], key
     assert sorted(_shares(sum_v)) == sorted(_shares(sum_n))
     assert "Traceback" not in err_v
+
+
+def test_a_job_that_stops_reporting_is_stale_on_the_screen(tmp_path):
+    """Attach mode: a job frozen (SIGSTOP) mid-run shows as ``stale N s`` in the rank
+    view within a few export intervals; resumed, it ends as it would have."""
+    port = free_port()
+    pane = Pane(tmp_path, [str(BIN / "otel-training"), "top", "--view", "ranks", "--listen", f"127.0.0.1:{port}",
+                           "--http-listen", f"127.0.0.1:{free_port()}"], _env(tmp_path))
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_METRIC_EXPORT_INTERVAL="1000")
+    job = subprocess.Popen([str(BIN / "opentelemetry-instrument"), *_loop(200)], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        pane.wait(lambda t: " live" in t, timeout=120)
+        job.send_signal(signal.SIGSTOP)
+        pane.wait(lambda t: "stale " in t, timeout=30)
+        job.send_signal(signal.SIGCONT)
+        pane.wait(lambda t: " live" in t or "ended" in t, timeout=30)
+        stdout, stderr = job.communicate(timeout=240)
+        assert job.returncode == 0 and stdout.splitlines()[-1] == "done 200", stderr
+        pane.wait(lambda t: "ended" in t, timeout=30)
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGCONT)
+            job.kill()
+        pane.close()
 
 
 # -- memory over an hour -----------------------------------------------------------------------
