@@ -317,3 +317,15 @@ def test_the_viewers_memory_stays_bounded_over_an_hour_of_steps(tmp_path):
     mib = {k: v / 2**20 for k, v in rss.items()}
     print("viewer RSS MiB after 600 and 3600 exports:", mib)
     assert mib[3600] < 120 and mib[3600] - mib[600] < 16, mib
+
+
+def test_a_job_that_fails_before_its_first_step_shows_its_output_and_status(tmp_path):
+    """Launch mode, no terminal: a job that exits 3 before any step; ``top`` exits 3,
+    its last frame shows what the job printed and its status."""
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('cannot open the dataset: /data/train missing', flush=True)\nsys.exit(3)\n")
+    r = subprocess.run([str(BIN / "otel-training"), "top", "--no-wait", "--", str(BIN / "python"), str(script)],
+                       env=_env(tmp_path), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert "job ended (exit 3)" in r.stdout and "cannot open the dataset: /data/train missing" in r.stdout, r.stdout
+    assert "the job's output:" in r.stderr

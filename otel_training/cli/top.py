@@ -120,7 +120,21 @@ def _launch(command: list[str], port: int, output: str) -> subprocess.Popen:
         return subprocess.Popen([instrument, *command], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
 
 
-def frame(run: LiveRun, source: str, job_status: str | None) -> Frame:
+def _tail(path: str | None, lines: int = 12) -> tuple[str, ...]:
+    """The last ``lines`` lines of the job's output file."""
+    if not path:
+        return ()
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 8192))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ()
+    return tuple(text.splitlines()[-lines:])
+
+
+def frame(run: LiveRun, source: str, job_status: str | None, output: str | None = None) -> Frame:
     report = live_report(run)
     mode = report.mode or next(iter(report.modes_with_steps()), None) or "train"
     return Frame(
@@ -132,6 +146,8 @@ def frame(run: LiveRun, source: str, job_status: str | None) -> Frame:
         interval_s=median_interval(run),
         source=source,
         job_status=job_status,
+        # while the job shows no steps (starting, or failed before its first), what it printed
+        job_tail=_tail(output) if output and not report.modes else (),
     )
 
 
@@ -164,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         source = f"listening: {receiver.where()}"
     try:
-        return _show(run, source, job, args)
+        return _show(run, source, job, args, output)
     finally:
         receiver.stop()
         if job is not None and job.poll() is None:
@@ -173,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"otel-training top: the job's output: {output}", file=sys.stderr)
 
 
-def _show(run: LiveRun, source: str, job: subprocess.Popen | None, args: argparse.Namespace) -> int:
+def _show(run: LiveRun, source: str, job: subprocess.Popen | None, args: argparse.Namespace, output: str | None) -> int:
     from rich.console import Console
     from rich.live import Live
 
@@ -189,7 +205,7 @@ def _show(run: LiveRun, source: str, job: subprocess.Popen | None, args: argpars
                 if code is not None and ended_at is None:
                     ended_at = time.monotonic()
                     run.job_ended(code)
-                live.update(screen(frame(run, source, status), view), refresh=True)
+                live.update(screen(frame(run, source, status, output), view), refresh=True)
                 for ch in keys.take():
                     if ch in "qQ":
                         return code if code is not None else 0

@@ -41,6 +41,7 @@ class Frame:
     interval_s: float | None  # the jobs' export interval, as seen
     source: str  # what feeds the view: "launched: python train.py" / "listening on ..."
     job_status: str | None = None  # launch mode: "running", "ended (exit 0)"
+    job_tail: tuple[str, ...] = ()  # launch mode: the job's last output lines, while it shows no steps
 
 
 def _range(bucket: tuple[float, float]) -> str:
@@ -209,5 +210,7 @@ def heatmap(frame: Frame) -> RenderableType:
 
 def screen(frame: Frame, view: str) -> RenderableType:
     body = {"overview": overview, "ranks": ranks, "heatmap": heatmap}[view](frame)
+    if frame.job_tail:
+        body = Group(body, Text("\nthe job's output (last lines):", style="bold"), Text("\n".join(frame.job_tail)))
     when = time.strftime("%H:%M:%S")
     return Panel(Group(header(frame, view), Text(""), body), title=f"otel-training top {when}", title_align="right")
