@@ -160,8 +160,8 @@ def test_every_second_of_the_run_is_in_one_activity():
                for line in report_lines(ranks))
     # compare: a restarted run's goodput and activities over its attempts.
     c = compare_job([job], [other])
-    assert c["goodput"]["a"] == pytest.approx(11.5 / 26) and c["wall_s"]["a"] == pytest.approx(26)
-    assert {a["name"]: a["a"] for a in c["activities"]}["restart"] == 4.0
+    assert c is not None and c.goodput.a == pytest.approx(11.5 / 26) and c.wall_s.a == pytest.approx(26)
+    assert {a.name: a.a for a in c.activities}["restart"] == 4.0
 
 
 def test_a_first_attempt_has_no_restart_finding():

@@ -317,7 +317,7 @@ def test_the_goodput_bar_and_its_lines():
     table = summary_lines(_run(job=data))
     assert any(ln.startswith("goodput: start-up-bound") for ln in table), table
     cmp = compare_job([job], [Job.from_dict(_job(startup=1.0, train=6.0))])
-    assert cmp["goodput"]["delta"] == pytest.approx(6.0 / 7.0 - data["goodput"])
+    assert cmp is not None and cmp.goodput.delta == pytest.approx(6.0 / 7.0 - data["goodput"])
 
 
 def test_a_job_section_per_process_from_prometheus_increases():

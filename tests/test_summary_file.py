@@ -73,6 +73,21 @@ def test_report_json_is_as_before_byte_for_byte(name, tmp_path, monkeypatch, cap
     assert capsys.readouterr().out == (ROOT / "tests" / "golden" / f"report_v1_{name}.json").read_text()
 
 
+def test_compare_json_is_as_before_byte_for_byte(tmp_path, monkeypatch, capsys):
+    """``compare --json --fail-on-regression`` from the typed comparison prints what the
+    comparison dict printed (tests/golden/compare_v1_single_vs_slower.json: the single
+    run against its rank 1 whose steps take 1.3 times as long, compared before it was typed)."""
+    from otel_training.cli.compare import main as compare_main
+
+    _two_ranks(tmp_path)
+    single = "summary_v1_single.json"
+    (tmp_path / single).write_bytes((ROOT / "tests" / "golden" / single).read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert compare_main([single, "r1.json", "--json", "--fail-on-regression", "10"]) == 0
+    want = (ROOT / "tests" / "golden" / "compare_v1_single_vs_slower.json").read_text()
+    assert capsys.readouterr().out == want
+
+
 def test_the_model_reads_the_golden_sections():
     single, restarted = (Run.from_json(p.read_text()) for p in GOLDEN[::-1])
     train = single.modes["train"]

@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 
 from otel_training.report.compare import FLOOR, Z, compare, gate, render
 from otel_training.report.model import Report
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         a, b = load_run(args.a, args), load_run(args.b, args)
         result = compare(a, b, args.mode, args.threshold)
         if pct is not None:
-            result["gate"] = gate(result, pct)
+            result = replace(result, gate=gate(result, pct))
         if args.html:
             from otel_training.report.page import write_html
 
@@ -97,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"otel-training compare: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(result, sys.stdout, indent=1, default=str)
+        json.dump(result.to_dict(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
         print(render(result))
     if args.html:
         print(f"otel-training compare: wrote {args.html}", file=sys.stderr)
-    return 1 if (result.get("gate") or {}).get("failed") else 0
+    return 1 if result.gate is not None and result.gate.failed else 0

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from otel_training.aggregate.run_model import Checkpoint, Compile, Coverage, Job, Run, RunFacts, RunView
+from otel_training.aggregate.run_sections import _Section
 from otel_training.diagnosis.evidence import RankJob
 from otel_training.diagnosis.goodput_findings import job_findings
 from otel_training.diagnosis.words import plural
@@ -264,18 +266,47 @@ def _e(text: object) -> str:
 
 
 # -- compare ----------------------------------------------------------------------------
-def compare_job(a: Sequence[Job], b: Sequence[Job]) -> dict | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoodputPair(_Section):
+    a: float
+    b: float
+    delta: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WallPair(_Section):
+    a: float
+    b: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityPair(_Section):
+    name: str
+    a: float
+    b: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobComparison(_Section):
+    """Goodput, wall time and seconds per activity of two runs' jobs."""
+
+    goodput: GoodputPair
+    wall_s: WallPair
+    activities: tuple[ActivityPair, ...] = ()
+
+
+def compare_job(a: Sequence[Job], b: Sequence[Job]) -> JobComparison | None:
     """Goodput and seconds per activity of two reports' jobs (each the mean over its
     ranks, a restarted rank's over its attempts); None unless both have a ``job`` section."""
     ja, jb = _mean_job(a), _mean_job(b)
     if ja is None or jb is None:
         return None
     names = [k for k, _ in _ordered(ja)] + [k for k, _ in _ordered(jb) if k not in ja.activities]
-    return {
-        "goodput": {"a": ja.goodput, "b": jb.goodput, "delta": jb.goodput - ja.goodput},
-        "wall_s": {"a": ja.wall_s, "b": jb.wall_s},
-        "activities": [{"name": k, "a": ja.activities.get(k, 0.0), "b": jb.activities.get(k, 0.0)} for k in names],
-    }
+    return JobComparison(
+        goodput=GoodputPair(a=ja.goodput, b=jb.goodput, delta=jb.goodput - ja.goodput),
+        wall_s=WallPair(a=ja.wall_s, b=jb.wall_s),
+        activities=tuple(ActivityPair(name=k, a=ja.activities.get(k, 0.0), b=jb.activities.get(k, 0.0)) for k in names),
+    )
 
 
 def _mean_job(given: Sequence[Job]) -> Job | None:
@@ -295,17 +326,16 @@ def _mean_job(given: Sequence[Job]) -> Job | None:
     )
 
 
-def compare_lines(c: dict) -> list[str]:
+def compare_lines(job: JobComparison | None) -> list[str]:
     """``goodput A 10.0% -> B 42.0% (+32.0 points)`` and seconds per activity."""
-    job = c.get("job")
-    if not job:
+    if job is None:
         return []
-    g = job["goodput"]
+    g = job.goodput
     lines = [
-        f"goodput: A {100 * g['a']:.1f}% -> B {100 * g['b']:.1f}% ({100 * g['delta']:+.1f} points); "
-        f"wall time A {_s(job['wall_s']['a'])}, B {_s(job['wall_s']['b'])}"
+        f"goodput: A {100 * g.a:.1f}% -> B {100 * g.b:.1f}% ({100 * g.delta:+.1f} points); "
+        f"wall time A {_s(job.wall_s.a)}, B {_s(job.wall_s.b)}"
     ]
-    parts = [f"{r['name']} {_s(r['a'])} -> {_s(r['b'])}" for r in job["activities"]]
+    parts = [f"{r.name} {_s(r.a)} -> {_s(r.b)}" for r in job.activities]
     if parts:
         lines.append("  " + ", ".join(parts))
     return lines

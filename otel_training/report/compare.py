@@ -23,6 +23,18 @@ from typing import Any
 
 from otel_training.diagnosis.formatting import ms, share_pct, table
 from otel_training.report.charts import Grid
+from otel_training.report.comparison import (
+    IMPROVEMENT,
+    INCONCLUSIVE,
+    REGRESSION,
+    Comparison,
+    Gate,
+    PhaseJudged,
+    Side,
+    StepJudged,
+    Throughput,
+    Verdicts,
+)
 from otel_training.report.model import SOURCE_SUMMARY, Report
 from otel_training.report.sources import ReportError
 from otel_training.report.text import by_size
@@ -31,7 +43,18 @@ BLOCKS = 8
 Z = 3.0
 FLOOR = 0.05
 
-IMPROVEMENT, REGRESSION, INCONCLUSIVE = "improvement", "regression", "inconclusive"
+__all__ = [
+    "BLOCKS",
+    "FLOOR",
+    "IMPROVEMENT",
+    "INCONCLUSIVE",
+    "REGRESSION",
+    "Z",
+    "compare",
+    "gate",
+    "gate_line",
+    "render",
+]
 
 
 def _blocks(report: Report, mode: str, value) -> list[float]:
@@ -65,7 +88,7 @@ def _se(values: list[float]) -> float | None:
 
 def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: float, scale: float) -> dict:
     """Is b - a a change? ``scale`` is what the floor is a share of (A's value, or
-    A's step time for a phase). Lower is better."""
+    A's step time for a phase). Lower is better. (A :class:`Judged`'s fields.)"""
     delta = b - a
     noise = math.sqrt((se_a or 0.0) ** 2 + (se_b or 0.0) ** 2) if (se_a is not None and se_b is not None) else None
     threshold = max(floor * scale, Z * noise if noise is not None else 0.0)
@@ -83,7 +106,7 @@ def _judge(a: float, b: float, se_a: float | None, se_b: float | None, floor: fl
     }
 
 
-def compare(a: Report, b: Report, mode: str | None = None, floor: float = FLOOR) -> dict:
+def compare(a: Report, b: Report, mode: str | None = None, floor: float = FLOOR) -> Comparison:
     """The comparison of two reports (``report.build_report`` output, findings in)."""
     from otel_training.diagnosis.verdict import pick_mode
 
@@ -107,11 +130,16 @@ def compare(a: Report, b: Report, mode: str | None = None, floor: float = FLOOR)
             return step_s / steps if steps else None
 
         va, vb = ma.step_mean_s, mb.step_mean_s
-    step = _judge(va, vb, _se(_blocks(a, mode, unit)), _se(_blocks(b, mode, unit)), floor, va)
-    step["per"] = "sample" if per_sample else "step"
-    tput: dict[str, float | None] = {"a": ma.samples_per_s, "b": mb.samples_per_s}
-    tput["delta"] = mb.samples_per_s - ma.samples_per_s
-    tput["delta_rel"] = (mb.samples_per_s - ma.samples_per_s) / ma.samples_per_s if ma.samples_per_s else None
+    step = StepJudged(
+        **_judge(va, vb, _se(_blocks(a, mode, unit)), _se(_blocks(b, mode, unit)), floor, va),
+        per="sample" if per_sample else "step",
+    )
+    tput = Throughput(
+        a=ma.samples_per_s,
+        b=mb.samples_per_s,
+        delta=mb.samples_per_s - ma.samples_per_s,
+        delta_rel=(mb.samples_per_s - ma.samples_per_s) / ma.samples_per_s if ma.samples_per_s else None,
+    )
     pa = {p.name: p for p in ma.top_phases()}
     pb = {p.name: p for p in mb.top_phases()}
     phases = []
@@ -123,61 +151,59 @@ def compare(a: Report, b: Report, mode: str | None = None, floor: float = FLOOR)
         x, y = (p.mean_s if p is not None else 0.0 for p in (pa.get(name), pb.get(name)))
         j = _judge(x, y, _se(_blocks(a, mode, phase_unit)), _se(_blocks(b, mode, phase_unit)), floor, ma.step_mean_s)
         share_a, share_b = (p.share if p is not None else 0.0 for p in (pa.get(name), pb.get(name)))
-        j.update(name=name, share_a=share_a, share_b=share_b)
-        phases.append(j)
+        phases.append(PhaseJudged(**j, name=name, share_a=share_a, share_b=share_b))
     changed = None
-    if step["change"] != INCONCLUSIVE:
-        sign = -1 if step["change"] == IMPROVEMENT else 1
-        moved = [p for p in phases if p["change"] == step["change"]]
+    if step.change != INCONCLUSIVE:
+        sign = -1 if step.change == IMPROVEMENT else 1
+        moved = [p for p in phases if p.change == step.change]
         if moved:
-            changed = max(moved, key=lambda p: sign * p["delta"])["name"]
-    fa, fb = a.first_finding(), b.first_finding()
+            changed = max(moved, key=lambda p: sign * p.delta).name
     from otel_training.diagnosis.goodput_text import compare_job  # goodput A vs B
 
-    return {
-        "job": compare_job([j.job for j in a.jobs()], [j.job for j in b.jobs()]),
-        "mode": mode,
-        "a": _who(a),
-        "b": _who(b),
-        "result": step["change"],
-        "changed_phase": changed,
-        "step": step,
-        "throughput": tput,
-        "phases": phases,
-        "verdict": {"a": fa.to_dict() if fa else None, "b": fb.to_dict() if fb else None},
-        "noise_model": f"batch means over {BLOCKS} blocks; a change exceeds {floor:.0%} of A "
+    return Comparison(
+        job=compare_job([j.job for j in a.jobs()], [j.job for j in b.jobs()]),
+        mode=mode,
+        a=_side(a),
+        b=_side(b),
+        result=step.change,
+        changed_phase=changed,
+        step=step,
+        throughput=tput,
+        phases=tuple(phases),
+        verdict=Verdicts(a=a.first_finding(), b=b.first_finding()),
+        noise_model=f"batch means over {BLOCKS} blocks; a change exceeds {floor:.0%} of A "
         f"and {Z:g} x the combined standard error",
-    }
+    )
 
 
-def _who(report: Report) -> dict:
-    src = list(report.files) if report.source == SOURCE_SUMMARY else report.selector
-    return {"run": report.run, "source": report.source, "from": src, "range": report.range.to_dict()}
+def _side(report: Report) -> Side:
+    where = report.files if report.source == SOURCE_SUMMARY else report.selector
+    return Side(run=report.run, source=report.source, where=where, range=report.range)
 
 
-def render(c: dict) -> str:
+def render(c: Comparison) -> str:
     """The comparison as text."""
-    s, t = c["step"], c["throughput"]
-    per = "sample" if s["per"] == "sample" else "step"
+    s, t = c.step, c.throughput
+    per = "sample" if s.per == "sample" else "step"
     lines = [
-        f"otel-training compare ({c['mode']} steps)",
-        f"  A: run {c['a']['run']} ({_src(c['a'])})",
-        f"  B: run {c['b']['run']} ({_src(c['b'])})",
+        f"otel-training compare ({c.mode} steps)",
+        f"  A: run {c.a.run} ({c.a.where_text()})",
+        f"  B: run {c.b.run} ({c.b.where_text()})",
         "",
     ]
     rows = [
         [
             f"time per {per} ms",
-            ms(s["a"]),
-            ms(s["b"]),
-            f"{s['delta'] * 1e3:+.1f} ms ({share_pct(s['delta_rel'], sign=True)})",
-            s["change"],
+            ms(s.a),
+            ms(s.b),
+            f"{s.delta * 1e3:+.1f} ms ({share_pct(s.delta_rel, sign=True)})",
+            s.change,
         ],
         [
             "throughput samples/s",
-            f"{t['a']:,.1f}",
-            f"{t['b']:,.1f}",
-            f"{t['delta']:+,.1f} ({share_pct(t['delta_rel'], sign=True)})",
+            f"{t.a:,.1f}",
+            f"{t.b:,.1f}",
+            f"{t.delta:+,.1f} ({share_pct(t.delta_rel, sign=True)})",
             "",
         ],
     ]
@@ -185,75 +211,67 @@ def render(c: dict) -> str:
     lines.append("")
     prow = [
         [
-            p["name"],
-            ms(p["a"]),
-            ms(p["b"]),
-            f"{p['delta'] * 1e3:+.1f}",
-            share_pct(p["share_a"]),
-            share_pct(p["share_b"]),
-            "" if p["change"] == INCONCLUSIVE else p["change"],
+            p.name,
+            ms(p.a),
+            ms(p.b),
+            f"{p.delta * 1e3:+.1f}",
+            share_pct(p.share_a),
+            share_pct(p.share_b),
+            "" if p.change == INCONCLUSIVE else p.change,
         ]
-        for p in c["phases"]
+        for p in c.phases
     ]
     lines += table(["phase", "A ms/step", "B ms/step", "delta ms", "A share", "B share", ""], prow, {1, 2, 3, 4, 5})
     lines.append("")
-    for k in ("a", "b"):
-        f = c["verdict"][k]
-        lines.append(f"verdict {k.upper()}: " + (f"{f['title']}: {f['detail']}" if f else "no data"))
+    for k, f in (("a", c.verdict.a), ("b", c.verdict.b)):
+        lines.append(f"verdict {k.upper()}: " + (f"{f.title}: {f.detail}" if f else "no data"))
     from otel_training.diagnosis.goodput_text import compare_lines  # goodput A vs B
 
-    lines.extend(compare_lines(c))
+    lines.extend(compare_lines(c.job))
     lines.append("")
-    noise = "unknown (runs too short)" if s["noise"] is None else f"±{share_pct(s['noise'] / s['a'])}"
-    delta = share_pct(s["delta_rel"], sign=True)
-    head = f"result: {c['result']}: time per {per} {ms(s['a'])} -> {ms(s['b'])} ms ({delta}; "
-    head += f"noise {noise}, threshold ±{share_pct(s['threshold'] / s['a'])}"
-    if c["result"] == INCONCLUSIVE:
-        noisy = s["noise"] is not None and Z * s["noise"] >= s["threshold"]
-        head += ": within the noise" if noisy else f": within the {share_pct(s['threshold'] / s['a'])} floor"
+    noise = "unknown (runs too short)" if s.noise is None else f"±{share_pct(s.noise / s.a)}"
+    delta = share_pct(s.delta_rel, sign=True)
+    head = f"result: {c.result}: time per {per} {ms(s.a)} -> {ms(s.b)} ms ({delta}; "
+    head += f"noise {noise}, threshold ±{share_pct(s.threshold / s.a)}"
+    if c.result == INCONCLUSIVE:
+        noisy = s.noise is not None and Z * s.noise >= s.threshold
+        head += ": within the noise" if noisy else f": within the {share_pct(s.threshold / s.a)} floor"
     head += ")"
-    if c["changed_phase"]:
-        p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
-        head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
+    moved = c.changed()
+    if moved is not None:
+        head += f"; {moved.name} changed most ({moved.delta * 1e3:+.1f} ms per step)"
     lines.append(head)
-    if c.get("gate"):
-        lines.append(gate_line(c["gate"]))
+    if c.gate is not None:
+        lines.append(gate_line(c.gate))
     return "\n".join(lines)
 
 
-def gate(c: dict, max_regression_pct: float) -> dict:
+def gate(c: Comparison, max_regression_pct: float) -> Gate:
     """``--fail-on-regression PCT``: does B's step time fail the gate? It fails when it is
     worse than A's by more than PCT percent and by more than ``Z`` x the combined standard
     error (a change the runs' own noise explains does not fail a build); with the noise
     unknown (runs too short to measure it), PCT alone decides."""
-    s = c["step"]
-    allowed = max_regression_pct / 100 * s["a"]
-    beyond_noise = s["noise"] is None or s["delta"] > Z * s["noise"]
-    failed = bool(s["delta"] > allowed and beyond_noise)
-    return {
-        "max_regression_pct": max_regression_pct,
-        "delta_rel": s["delta_rel"],
-        "noise_rel": s["noise"] / s["a"] if s["noise"] is not None and s["a"] else None,
-        "beyond_noise": bool(s["noise"] is not None and s["delta"] > Z * s["noise"]),
-        "failed": failed,
-    }
+    s = c.step
+    allowed = max_regression_pct / 100 * s.a
+    beyond_noise = s.noise is None or s.delta > Z * s.noise
+    failed = bool(s.delta > allowed and beyond_noise)
+    return Gate(
+        max_regression_pct=max_regression_pct,
+        delta_rel=s.delta_rel,
+        noise_rel=s.noise / s.a if s.noise is not None and s.a else None,
+        beyond_noise=bool(s.noise is not None and s.delta > Z * s.noise),
+        failed=failed,
+    )
 
 
-def gate_line(g: dict) -> str:
+def gate_line(g: Gate) -> str:
     """``gate: fail: ...`` / ``gate: pass: ...``, the CI gate's one line."""
-    delta = f"time per step {share_pct(g['delta_rel'], sign=True)}"
-    noise = "noise unknown" if g["noise_rel"] is None else f"noise ±{share_pct(g['noise_rel'])}"
-    limit = f"{g['max_regression_pct']:g}%"
-    if g["failed"]:
-        why = f"worse by more than the allowed {limit}" + (
-            " and beyond the noise" if g["noise_rel"] is not None else ""
-        )
+    delta = f"time per step {share_pct(g.delta_rel, sign=True)}"
+    noise = "noise unknown" if g.noise_rel is None else f"noise ±{share_pct(g.noise_rel)}"
+    limit = f"{g.max_regression_pct:g}%"
+    if g.failed:
+        why = f"worse by more than the allowed {limit}" + (" and beyond the noise" if g.noise_rel is not None else "")
         return f"gate: fail: {delta} ({noise}): {why}"
-    if (g["delta_rel"] or 0) * 100 > g["max_regression_pct"]:
+    if (g.delta_rel or 0) * 100 > g.max_regression_pct:
         return f"gate: pass: {delta} ({noise}): over {limit} but within {Z:g} x the noise, not significant"
     return f"gate: pass: {delta} ({noise}): within the allowed {limit}"
-
-
-def _src(who: dict) -> str:
-    src = who["from"]
-    return ", ".join(src) if isinstance(src, list) else str(src)

@@ -22,6 +22,7 @@ from otel_training.diagnosis.formatting import ms, share_pct
 from otel_training.diagnosis.goodput_text import job_html  # the goodput bar
 from otel_training.diagnosis.words import plural, timing_words
 from otel_training.report.charts import Colors, compare_charts, run_charts
+from otel_training.report.comparison import Comparison
 from otel_training.report.model import SOURCE_SUMMARY, Report, TimeRange
 from otel_training.report.series import mode_names, require
 from otel_training.version import __version__
@@ -120,48 +121,48 @@ def _run_section(report: Report, charts: list[dict], title: str) -> str:
     )
 
 
-def _compare_section(c: dict, charts: list[dict]) -> str:
-    s = c["step"]
-    cls = c["result"].replace(" ", "-")
-    per = s["per"]
-    delta = share_pct(s["delta_rel"] or 0, sign=True)
-    head = f"{c['result']}: time per {per} {ms(s['a'], unit=True)} → {ms(s['b'], unit=True)} ({delta})"
-    if c.get("changed_phase"):
-        p = next(p for p in c["phases"] if p["name"] == c["changed_phase"])
-        head += f"; {p['name']} changed most ({p['delta'] * 1e3:+.1f} ms per step)"
-    noise = "unknown" if s["noise"] is None else f"±{share_pct(s['noise'] / s['a'])}"
+def _compare_section(c: Comparison, charts: list[dict]) -> str:
+    s = c.step
+    cls = c.result.replace(" ", "-")
+    per = s.per
+    delta = share_pct(s.delta_rel or 0, sign=True)
+    head = f"{c.result}: time per {per} {ms(s.a, unit=True)} → {ms(s.b, unit=True)} ({delta})"
+    moved = c.changed()
+    if moved is not None:
+        head += f"; {moved.name} changed most ({moved.delta * 1e3:+.1f} ms per step)"
+    noise = "unknown" if s.noise is None else f"±{share_pct(s.noise / s.a)}"
     rows = [
-        f"<tr><td>time per {per}</td><td>{ms(s['a'], unit=True)}</td><td>{ms(s['b'], unit=True)}</td>"
-        f"<td>{s['delta'] * 1e3:+.1f} ms</td><td></td><td></td><td class='{cls}'>{_e(s['change'])}</td></tr>"
+        f"<tr><td>time per {per}</td><td>{ms(s.a, unit=True)}</td><td>{ms(s.b, unit=True)}</td>"
+        f"<td>{s.delta * 1e3:+.1f} ms</td><td></td><td></td><td class='{cls}'>{_e(s.change)}</td></tr>"
     ]
-    t = c["throughput"]
+    t = c.throughput
     rows.append(
-        f"<tr><td>throughput (samples/s)</td><td>{t['a']:,.1f}</td><td>{t['b']:,.1f}</td>"
-        f"<td>{t['delta']:+,.1f}</td><td></td><td></td><td></td></tr>"
+        f"<tr><td>throughput (samples/s)</td><td>{t.a:,.1f}</td><td>{t.b:,.1f}</td>"
+        f"<td>{t.delta:+,.1f}</td><td></td><td></td><td></td></tr>"
     )
-    for p in c["phases"]:
-        change = "" if p["change"] == "inconclusive" else p["change"]
+    for p in c.phases:
+        change = "" if p.change == "inconclusive" else p.change
         rows.append(
-            f"<tr><td>{_e(p['name'])}</td><td>{ms(p['a'], unit=True)}</td><td>{ms(p['b'], unit=True)}</td>"
-            f"<td>{p['delta'] * 1e3:+.1f} ms</td>"
-            f"<td>{share_pct(p['share_a'])}</td><td>{share_pct(p['share_b'])}</td>"
+            f"<tr><td>{_e(p.name)}</td><td>{ms(p.a, unit=True)}</td><td>{ms(p.b, unit=True)}</td>"
+            f"<td>{p.delta * 1e3:+.1f} ms</td>"
+            f"<td>{share_pct(p.share_a)}</td><td>{share_pct(p.share_b)}</td>"
             f"<td class='{change}'>{_e(change)}</td></tr>"
         )
     verdicts = "".join(
-        f"<li><b>{k.upper()}:</b> {_e(v['title'] + ': ' + v['detail']) if v else 'no data'}</li>"
-        for k, v in c["verdict"].items()
+        f"<li><b>{k.upper()}:</b> {_e(v.title + ': ' + v.detail) if v else 'no data'}</li>"
+        for k, v in (("a", c.verdict.a), ("b", c.verdict.b))
     )
     blocks = "".join(f'<div class="chart" data-chart="{_e(ch["id"])}"></div>' for ch in charts)
     return (
-        f'<section><h2>A vs B ({_e(c["mode"])} steps)</h2><div class="verdict {cls}"><b>{_e(head)}</b><br>'
-        f"noise {noise}, threshold ±{share_pct(s['threshold'] / s['a'])} ({_e(c['noise_model'])})</div>"
+        f'<section><h2>A vs B ({_e(c.mode)} steps)</h2><div class="verdict {cls}"><b>{_e(head)}</b><br>'
+        f"noise {noise}, threshold ±{share_pct(s.threshold / s.a)} ({_e(c.noise_model)})</div>"
         "<table><tr><th></th><th>A</th><th>B</th><th>delta</th><th>A share</th><th>B share</th><th></th></tr>"
         + "".join(rows)
         + f"</table><h3>Verdicts</h3><ul>{verdicts}</ul><div class=charts>{blocks}</div></section>"
     )
 
 
-def build_html(reports: Sequence[Report], comparison: dict | None = None) -> str:
+def build_html(reports: Sequence[Report], comparison: Comparison | None = None) -> str:
     """The page for one run, or for two side by side (with ``comparison``)."""
     for r in reports:
         require(r)
@@ -200,7 +201,7 @@ def build_html(reports: Sequence[Report], comparison: dict | None = None) -> str
     )
 
 
-def write_html(path: str, reports: Sequence[Report], comparison: dict | None = None) -> str:
+def write_html(path: str, reports: Sequence[Report], comparison: Comparison | None = None) -> str:
     """Write the page (atomically); returns the path."""
     text = build_html(reports, comparison)
     from otel_training.report.sources import ReportError
