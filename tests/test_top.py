@@ -329,3 +329,25 @@ def test_a_job_that_fails_before_its_first_step_shows_its_output_and_status(tmp_
     assert r.returncode == 3, r.stderr
     assert "job ended (exit 3)" in r.stdout and "cannot open the dataset: /data/train missing" in r.stdout, r.stdout
     assert "the job's output:" in r.stderr
+
+
+def test_sigterm_gives_the_terminal_back(tmp_path):
+    """The viewer terminated (SIGTERM) leaves its full-screen mode and cbreak input as it
+    exits (status 143): the terminal is as it was."""
+    port = free_port()
+    pane = Pane(tmp_path, [str(BIN / "otel-training"), "top", "--listen", f"127.0.0.1:{port}",
+                           "--http-listen", f"127.0.0.1:{free_port()}"], _env(tmp_path))
+    try:
+        pane.wait(lambda t: "waiting for a job's first export" in t, timeout=60)
+        assert pane._tmux("display", "-p", "-t", pane.name, "#{alternate_on}").strip() == "1"
+        pids = subprocess.run(["pgrep", "-f", f"top --listen 127.0.0.1:{port}"], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGTERM)
+        end = time.monotonic() + 20
+        while not pane.status.exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert pane.status.read_text().strip() == "143"
+        assert pane._tmux("display", "-p", "-t", pane.name, "#{alternate_on}").strip() == "0"
+    finally:
+        pane.close()

@@ -19,6 +19,7 @@ import argparse
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -195,6 +196,12 @@ def _show(run: LiveRun, source: str, job: subprocess.Popen | None, args: argpars
 
     console = Console()
     view = args.view
+
+    def stop(signum: int, _frame: Any) -> None:  # the terminal is given back as it was
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     keys = Keys()
     ended_at: float | None = None
     try:
