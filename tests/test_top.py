@@ -19,6 +19,7 @@ import pytest
 from otel_training.live.receiver import Receiver
 from otel_training.live.report import live_report
 from otel_training.live.state import LiveRun
+from tests.fake_pynvml import fake_nvml  # noqa: F401 (fixture)
 from tests.otlp_receiver import free_port
 from tests.scripts.harness import BIN, ROOT, SCRIPTS
 
@@ -352,3 +353,37 @@ def test_sigterm_gives_the_terminal_back(tmp_path):
         assert pane._tmux("display", "-p", "-t", pane.name, "#{alternate_on}").strip() == "0"
     finally:
         pane.close()
+
+
+def test_host_and_gpu_gauges_are_on_the_screen(tmp_path, monkeypatch, fake_nvml):  # noqa: F811
+    """``otel-training agent`` (hardware only, NVML faked at the pynvml import boundary)
+    exporting to the viewer's receiver: the screen names the GPU with its utilization
+    and the host's CPU and free memory."""
+    import tempfile
+
+    from rich.console import Console
+
+    from otel_training.cli import agent
+    from otel_training.cli.top import frame
+    from otel_training.live.screen import screen
+    from tests.fake_pynvml import FakeGpu
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the per-host lock is ours
+    for var in [v for v in os.environ if v.startswith("OTEL_")]:
+        monkeypatch.delenv(var)
+    run = LiveRun()
+    receiver = Receiver(run.add, "127.0.0.1:0", None).start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.grpc_port}")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        assert agent.main(["--interval", "0.05", "--duration", "1"]) == 0
+    finally:
+        receiver.stop()
+    report = live_report(run)
+    (gpu,) = report.gpus
+    assert gpu.gpu == FakeGpu(0).uuid and 0.0 <= gpu.mean <= 1.0
+    console = Console(record=True, width=140)
+    console.print(screen(frame(run, "test", None), "overview"))
+    text = console.export_text()
+    assert f"GPU {gpu.index or gpu.gpu} ({gpu.model})" in text and "busy" in text, text
+    assert "CPU " in text and "GiB memory available" in text, text

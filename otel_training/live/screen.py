@@ -105,8 +105,10 @@ def _phases(mode: str, run: ReportMode, last: ReportMode | None) -> Table:
 def overview(frame: Frame) -> RenderableType:
     run, last = frame.run, frame.last
     mode = _mode(run)
-    if mode is None:
-        return Text("no steps yet: the view fills at the job's first export after its first step")
+    if mode is None:  # (the hardware of a process that times no steps: an agent, a launcher)
+        return Group(
+            Text("no steps yet: the view fills at the job's first export after its first step"), _machine(frame)
+        )
     m, lm = run.modes[mode], last.modes.get(mode)
     st = frame.steps
     head = Text()
@@ -143,14 +145,17 @@ def _machine(frame: Frame) -> Text:
         out.append(f"memory: {who}{kind} {(mem.memory.last_bytes or 0) / 2**30:.2f} GiB\n")
     for g in run.gpus:
         out.append(f"GPU {g.index or g.gpu} ({g.model}) on {g.host}: {share_pct(g.mean)} busy\n")
-    for proc in frame.processes[:1]:
+    hosts: set[str] = set()
+    for proc in frame.processes:  # one process a host samples it
         cpu = proc.gauges.get("system.cpu.utilization")
+        if cpu is None or proc.host in hosts:
+            continue
+        hosts.add(proc.host)
         avail = proc.gauges.get("system.linux.memory.available")
-        if cpu is not None:
-            out.append(f"host {proc.host}: CPU {share_pct(cpu)}")
-            if avail is not None:
-                out.append(f", {avail / 2**30:.1f} GiB memory available")
-            out.append("\n")
+        out.append(f"host {proc.host}: CPU {share_pct(cpu)}")
+        if avail is not None:
+            out.append(f", {avail / 2**30:.1f} GiB memory available")
+        out.append("\n")
     jobs = run.jobs()
     if jobs:
         mean = sum(j.job.goodput for j in jobs) / len(jobs)
