@@ -206,7 +206,7 @@ def test_lbfgs_closure_is_one_step_per_step_call(instrumented):
     model = make_model()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
-    for _ in range(2):
+    for _ in range(4):
         def closure():
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
@@ -219,7 +219,8 @@ def test_lbfgs_closure_is_one_step_per_step_call(instrumented):
         spin(0.002)  # drawing
     tel.uninstrument()
     steps = tel.steps()
-    assert [s.mode for s in steps] == ["train", "eval", "train", "eval"]
+    assert [s.mode for s in steps] == ["train", "eval"] * 4
+    uncovered = []
     for s in steps[::2]:
         assert s.top_level() == ["train_batch"]  # the whole step(closure) is the container
         (batch,) = s.named("train_batch")
@@ -227,8 +228,11 @@ def test_lbfgs_closure_is_one_step_per_step_call(instrumented):
         assert kids[0] == "optimizer_step" and kids[-1] == "optimizer_step"
         assert kids.count("forward") == kids.count("backward") >= 1
         assert s.attributes["training.step.microbatches"] == 1
-        # phases add up: the container covers the step
-        assert abs(s.duration - sum(c.end_time - c.start_time for c in s.children()) / 1e9) < 1e-3
+        uncovered.append(abs(s.duration - sum(c.end_time - c.start_time for c in s.children()) / 1e9))
+    # phases add up: the container covers the step. A container that leaves part of the
+    # step out does so every step; the machine's load can stretch one step's glue by a
+    # scheduler slice (CI with both cores busy: 2.9 ms), not every step's.
+    assert min(uncovered) < 1e-3, uncovered
 
 
 # -- 5. GradScaler skipped updates ---------------------------------------------------------
