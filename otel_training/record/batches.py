@@ -22,6 +22,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from otel_training.record.timeline import StepTimeline
+
 _INT_NAMES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64")
 _ints: frozenset = frozenset()  # torch's integer dtypes, once torch is imported
 
@@ -113,35 +115,13 @@ def _object_size(batch: Any) -> int | None:
     return None
 
 
-class _Counts:
-    __slots__ = ("batch_size", "token_count", "token_masks")
-
-    def __init__(self) -> None:
-        self.batch_size: int | None = None
-        self.token_count: int | None = None
-        self.token_masks: list | None = None
-
-    # A micro-batch's counts, by StepTimeline's methods of the same names.
-    def count_samples(self, samples: int | None, add: bool = False) -> None:
-        self.batch_size = ((self.batch_size or 0) + samples) if add and samples is not None else samples
-
-    def count_tokens(self, tokens: int | None, add: bool = False) -> None:
-        self.token_count = ((self.token_count or 0) + tokens) if add and tokens is not None else tokens
-
-    def add_token_mask(self, mask: Any) -> None:
-        if self.token_masks is None:
-            self.token_masks = [mask]
-        else:
-            self.token_masks.append(mask)
-
-
 def set_micro_batches(batches: list, step: Any) -> None:
     """A framework's micro-batches of one step (the HF Trainer's ``get_batch_samples``):
     their samples -- when every one is known -- and tokens replace what the
     DataLoader's fetches set."""
     counts = []
     for batch in batches:
-        c = _Counts()
+        c = StepTimeline(-1, None)  # (only its counts are read: one per micro-batch, per step)
         read_batch(batch, c)
         counts.append(c)
     batch_size = step.batch_size
