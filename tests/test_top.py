@@ -387,3 +387,32 @@ def test_host_and_gpu_gauges_are_on_the_screen(tmp_path, monkeypatch, fake_nvml)
     text = console.export_text()
     assert f"GPU {gpu.index or gpu.gpu} ({gpu.model})" in text and "busy" in text, text
     assert "CPU " in text and "GiB memory available" in text, text
+
+
+def test_the_web_variant_serves_the_reports_page_of_the_live_run(tmp_path):
+    """``top --web``: while a job runs, the page at the address is the HTML report's
+    (its charts and the verdict so far), asking the browser to reload it."""
+    import urllib.request
+
+    web = free_port()
+    out = tmp_path / "job.log"
+    viewer = subprocess.Popen([str(BIN / "otel-training"), "top", "--web", f"127.0.0.1:{web}", "--no-wait",
+                               "--output", str(out), "--", *_loop(150)], env=_env(tmp_path),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        end, html = time.monotonic() + 120, ""
+        while time.monotonic() < end and "data-loading bound" not in html:
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/", timeout=10) as resp:
+                    html = resp.read().decode()
+            except OSError:
+                continue
+        assert "data-loading bound" in html, html[-2000:]
+        assert '<meta http-equiv="refresh"' in html and "default-src 'none'" in html
+        for chart in ("step-time", "throughput", "phase-shares", "breakdown"):
+            assert f'data-chart="{chart}"' in html, chart
+        assert viewer.wait(240) == 0, viewer.stderr.read() if viewer.stderr else ""
+    finally:
+        if viewer.poll() is None:
+            viewer.kill()

@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", metavar="FILE", help="launch mode: the job's stdout and stderr (default: a temp file)")
     p.add_argument("--view", choices=VIEWS, default=VIEWS[0], help="the view shown first")
+    p.add_argument(
+        "--web",
+        metavar="HOST:PORT",
+        help="also serve the run as the HTML report's page, reloaded every 2 s (e.g. 127.0.0.1:8050)",
+    )
     p.add_argument("--no-wait", action="store_true", help="launch mode: exit when the job ends (no key to press)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="launch mode: -- COMMAND [ARGS]")
     return p
@@ -165,9 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         http = args.http_listen or f"{host}:{port + 1 if port else 0}"
         _address(http, "--http-listen")
         receiver = Receiver(run.add, f"{host}:{port}", http)
+    web = None
     try:
         receiver.start()
+        if args.web:
+            from otel_training.live.web import WebView
+
+            _address(args.web, "--web")
+            web = WebView(run, args.web)
     except OSError as exc:
+        receiver.stop()
         print(f"otel-training top: {exc}", file=sys.stderr)
         return 2
     job = None
@@ -180,10 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         source = f"launched: {' '.join(command)} (output: {output})"
     else:
         source = f"listening: {receiver.where()}"
+    if web is not None:
+        source += f" · page: {web.url}"
     try:
         return _show(run, source, job, args, output)
     finally:
         receiver.stop()
+        if web is not None:
+            web.stop()
         if job is not None and job.poll() is None:
             print(f"otel-training top: the job goes on (pid {job.pid}); its output: {output}", file=sys.stderr)
         elif output:
