@@ -416,3 +416,21 @@ def test_the_web_variant_serves_the_reports_page_of_the_live_run(tmp_path):
     finally:
         if viewer.poll() is None:
             viewer.kill()
+
+
+def test_attach_mode_says_what_to_set_when_exports_come_slower_than_each_second(tmp_path):
+    """A job exporting every 3 s to ``top --listen``: the header names the interval it
+    sees and the variable that makes the view move each second."""
+    port = free_port()
+    pane = Pane(tmp_path, [str(BIN / "otel-training"), "top", "--listen", f"127.0.0.1:{port}",
+                           "--http-listen", f"127.0.0.1:{free_port()}"], _env(tmp_path))
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_METRIC_EXPORT_INTERVAL="3000")
+    job = subprocess.Popen([str(BIN / "opentelemetry-instrument"), *_loop(400)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        text = pane.wait(lambda t: "OTEL_METRIC_EXPORT_INTERVAL=1000" in t, timeout=120)
+        assert "exports arrive every 3 s" in text, text
+    finally:
+        job.kill()
+        job.wait(30)
+        pane.close()
