@@ -128,8 +128,9 @@ def overview(frame: Frame) -> RenderableType:
     parts: list[RenderableType] = [head, _phases(mode, m, lm), _machine(frame)]
     finding = run.first_finding()
     if finding is not None:
-        verdict = Text(f"verdict so far: {finding.title}", style="bold magenta")
-        verdict.append(f"\n  {finding.detail}", style="")
+        verdict = Text()
+        verdict.append(f"verdict so far: {finding.title}", style="bold magenta")
+        verdict.append(f"\n  {finding.detail}")
         for a in finding.advice[:2]:
             verdict.append(f"\n  - {a}", style="dim")
         parts.append(verdict)
