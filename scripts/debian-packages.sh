@@ -1,4 +1,10 @@
-# Sourced by scripts/install-alertmanager.sh:
+# Sourced by scripts/install-alertmanager.sh, install-chromium.sh and install-tmux.sh:
+#
+#   debian_apt_install PACKAGE
+#
+# installs PACKAGE system-wide with the system's apt (as root, or through password-less
+# sudo), after `apt-get update` when apt does not know the package or the install fails
+# (for tools that need the system's shared libraries). Returns 1 with a reason on stderr.
 #
 #   debian_unpack DEST SUITE PACKAGE...
 #
@@ -10,6 +16,24 @@
 # DEBIAN_FETCHED holds the names of the .deb files fetched.
 
 debian_log() { echo "${DEBIAN_LOG_PREFIX:-debian-packages}: $*" >&2; }
+
+debian_apt_install() {
+    local pkg=$1
+    local sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            sudo=(sudo -n)
+        else
+            debian_log "not root and no password-less sudo: install Debian's $pkg (apt-get install $pkg)"
+            return 1
+        fi
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-cache show "$pkg" >/dev/null 2>&1 || ! "${sudo[@]}" apt-get install -y -qq "$pkg" >/dev/null; then
+        "${sudo[@]}" apt-get update -qq || { debian_log "apt-get update failed"; return 1; }
+        "${sudo[@]}" apt-get install -y -qq "$pkg" >/dev/null || { debian_log "apt-get install $pkg failed"; return 1; }
+    fi
+}
 
 debian_mirror() {
     # The first `deb` source serving the release's own suite (not -security/-updates),

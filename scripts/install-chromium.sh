@@ -21,21 +21,9 @@ if runs "$have"; then
     exit 0
 fi
 
-SUDO=()
-if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        SUDO=(sudo -n)
-    else
-        log "not root and no password-less sudo: install Debian's chromium (apt-get install chromium)"
-        exit 1
-    fi
-fi
-export DEBIAN_FRONTEND=noninteractive
-install() { "${SUDO[@]}" apt-get install -y -qq chromium >/dev/null; }
-if ! apt-cache show chromium >/dev/null 2>&1 || ! install; then
-    "${SUDO[@]}" apt-get update -qq || { log "apt-get update failed"; exit 1; }
-    install || { log "apt-get install chromium failed"; exit 1; }
-fi
+DEBIAN_LOG_PREFIX=install-chromium
+. "$(dirname "$0")/debian-packages.sh"
+debian_apt_install chromium || exit 1
 if runs "$(command -v chromium || true)"; then
     log "installed: $(chromium --version 2>/dev/null | head -n1)"
     exit 0

@@ -14,21 +14,9 @@ if command -v tmux >/dev/null && tmux -V >/dev/null 2>&1; then
     log "already installed: $(tmux -V)"
     exit 0
 fi
-SUDO=()
-if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        SUDO=(sudo -n)
-    else
-        log "not root and no password-less sudo: install Debian's tmux (apt-get install tmux)"
-        exit 1
-    fi
-fi
-export DEBIAN_FRONTEND=noninteractive
-install() { "${SUDO[@]}" apt-get install -y -qq tmux >/dev/null; }
-if ! apt-cache show tmux >/dev/null 2>&1 || ! install; then
-    "${SUDO[@]}" apt-get update -qq || { log "apt-get update failed"; exit 1; }
-    install || { log "apt-get install tmux failed"; exit 1; }
-fi
+DEBIAN_LOG_PREFIX=install-tmux
+. "$(dirname "$0")/debian-packages.sh"
+debian_apt_install tmux || exit 1
 if tmux -V >/dev/null 2>&1; then
     log "installed: $(tmux -V)"
     exit 0
