@@ -183,6 +183,11 @@ def test_an_export_on_the_channel_abort_closed_is_a_counted_failure_not_a_traceb
         ("Failed to export spans batch code: 404, reason: Not Found", "HTTP 404 Not Found, not an OTLP receiver"),
         ("Failed to export metrics batch code: 401, reason: Unauthorized", "HTTP 401 Unauthorized"),
         ("Shutdown in progress, aborting retry.", None),
+        (
+            "Failed to export metrics to 127.0.0.1:36941, error code: StatusCode.CANCELLED, error details: Channel "
+            "closed!",
+            None,
+        ),
         ("Failed to export spans batch due to timeout, max retries or shutdown.", None),
     ],
 )

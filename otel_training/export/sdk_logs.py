@@ -53,7 +53,7 @@ def _short(text: str) -> str:
 def cause_of(message: str, exc: BaseException | None = None) -> str | None:
     """Why an export failed, in a few words, from an SDK log message (or the exception
     it logged); None for a message that tells no cause ("Shutdown in progress", "due to
-    timeout, max retries or shutdown")."""
+    timeout, max retries or shutdown", gRPC's "Channel closed!")."""
     if "Connection refused" in message or "ECONNREFUSED" in message:
         return "connection refused"
     m = _HTTP_STATUS.search(message)
@@ -65,6 +65,10 @@ def cause_of(message: str, exc: BaseException | None = None) -> str | None:
         return _short(m.group(1))
     m = _DETAILS.search(message)
     if m:  # gRPC: "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:...: <why>"
+        if "Channel closed" in m.group(1):
+            # An RPC cancelled by its channel's close: the exit-time abort (or the SDK's
+            # shutdown) did that, so the channel tells nothing of why exports failed.
+            return None
         if "Failed parsing HTTP/2" in m.group(1):
             return "not a gRPC server (for OTLP/HTTP set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
         return _short(m.group(1).rsplit(": ", 1)[-1])
