@@ -1,7 +1,10 @@
 """Several ranks on one host: host and GPU series come from one process at a time.
 
 Each rank is a real subprocess with its own sampler (fake NVML, one GPU it uses)
-sharing one lock file; it prints what its own reader collected every 0.1 s.
+sharing one lock file; it prints what its own reader collected every 0.1 s until its
+stop file appears. The test moves on when the ranks' own lines say so (sampling, taken
+over), never after a fixed time: on a loaded machine a rank's start-up alone takes
+seconds.
 """
 
 import json
@@ -30,13 +33,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_training.config import Config
 from otel_training.hardware import start_hardware_metrics
 
-lock_path, duration = sys.argv[1], float(sys.argv[2])
+lock_path, stop_path, duration = sys.argv[1], sys.argv[2], float(sys.argv[3])
 reader = InMemoryMetricReader()
 provider = MeterProvider(metric_readers=[reader])
 hw = start_hardware_metrics(provider, Config(hardware_interval=0.05), host_name="shared",
                             lock_path=lock_path)
 end = time.monotonic() + duration
-while time.monotonic() < end:
+while time.monotonic() < end and not os.path.exists(stop_path):
     time.sleep(0.1)
     data = reader.get_metrics_data()
     names = {m.name for rm in (data.resource_metrics if data else []) for sm in rm.scope_metrics
@@ -49,24 +52,27 @@ print(json.dumps({"t": time.time(), "exit": True}), flush=True)
 """
 
 
-def _rank(lock_path, duration):
-    return subprocess.Popen([sys.executable, "-c", RANK, str(lock_path), str(duration)],
+def _rank(lock_path, stop_path, duration=120.0):
+    return subprocess.Popen([sys.executable, "-c", RANK, str(lock_path), str(stop_path), str(duration)],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def _wait_for_host(proc, timeout=20.0):
+def _read_until(proc, done, timeout=90.0) -> list:
+    """The rank's lines up to the first for which ``done(lines so far)`` holds."""
+    lines = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
-        if json.loads(line).get("host"):
-            return
-    raise AssertionError("the first rank never sampled the host")
+        lines.append(json.loads(line))
+        if done(lines):
+            return lines
+    raise AssertionError(f"the rank never got there; its lines: {lines[-5:]}")
 
 
-def _lines(proc, timeout=30.0):
+def _rest(proc, timeout=90.0) -> list:
     out, _ = proc.communicate(timeout=timeout)
     return [json.loads(line) for line in out.splitlines()]
 
@@ -74,18 +80,29 @@ def _lines(proc, timeout=30.0):
 @pytest.mark.parametrize("holder_exit", ["normal", "killed"])
 def test_one_sampler_per_host_and_takeover(tmp_path, holder_exit):
     lock = tmp_path / "hw.lock"
-    first = _rank(lock, 1.2 if holder_exit == "normal" else 60)
+    stop_first, stop_second = tmp_path / "stop-first", tmp_path / "stop-second"
+    first = _rank(lock, stop_first)
+    second = None
     try:
-        _wait_for_host(first)
-        second = _rank(lock, 3.5)
+        _read_until(first, lambda lines: lines[-1].get("host"))
+        second = _rank(lock, stop_second)
+        # the second rank samples (its own process) while the first holds the host
+        second_lines = _read_until(second, lambda lines: len(lines) >= 4)
         if holder_exit == "killed":
-            time.sleep(1.5)
             first.send_signal(signal.SIGKILL)  # no cleanup at all: the kernel frees the lock
-        first_lines = _lines(first)
+        else:
+            stop_first.touch()
+        first_lines = _rest(first)
         gone_at = time.time() if holder_exit == "killed" else first_lines[-1]["t"]
-        second_lines = _lines(second)
+        # until it has sampled the host for a while after the first rank went
+        second_lines += _read_until(second, lambda lines: sum(s["t"] > gone_at + 0.5 for s in lines) >= 5)
+        stop_second.touch()
+        second_lines += _rest(second)
     finally:
-        first.kill()
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait(30)
     samples = [s for s in second_lines if "exit" not in s]
     before = [s for s in samples if s["t"] < gone_at - 0.05]
     after = [s for s in samples if s["t"] > gone_at + 0.5]
@@ -97,7 +114,7 @@ def test_one_sampler_per_host_and_takeover(tmp_path, holder_exit):
     assert all(s["host"] and s["gpu"] for s in after)
     if holder_exit == "normal":
         assert all(s["host"] and s["gpu"] and s["process"]
-                   for s in first_lines[1:] if "exit" not in s)
+                   for s in first_lines if "exit" not in s)
 
 
 def test_lock_is_exclusive_and_freed_on_release(tmp_path):
