@@ -113,20 +113,20 @@ class Replay:
         return True
 
     def stalled(self, names: set, run: str, t: float, windows: list) -> bool:
-        """The replayed run made no progress a query at ``t`` can see: for some counter
-        in ``names``, the first of the query's rate ``windows`` (seconds; the
-        ``$__rate_interval`` one, then its ``or ...[5m]`` fallback) that holds two samples
-        of any series holds no increase in any. The recording is a real run exporting every
-        0.1 s; a stall of a few tenths of a second there (start-up, a loaded machine)
-        becomes minutes of no steps once replayed at 30 or 60 s: nothing to show, as a real
-        run that stopped stepping shows nothing. A window with fewer than two samples
-        never counts as a stall (a rate window too short for the interval is what this
-        test is for)."""
+        """The replayed run did not step where a query at ``t`` looks: for some counter in
+        ``names`` that moves with the steps, the first of the query's rate ``windows``
+        (seconds; the ``$__rate_interval`` one, then its ``or ...[5m]`` fallback) that
+        holds two samples of any series holds no increase in any. The recording is a real
+        run exporting every 0.1 s; a stall of a few tenths of a second there (start-up, a
+        loaded machine) becomes minutes of no steps once replayed at 30 or 60 s: nothing to
+        show, as a real run that stopped stepping shows nothing. Counters of rare events
+        (``EVENTS``: OOMs, allocator retries, export failures) never excuse: their 0
+        increase is data. A window with fewer than two samples never counts as a stall (a
+        rate window too short for the interval is what this test is for)."""
         for name in names:
-            if not name.endswith(COUNTERS):
+            if not name.endswith(COUNTERS) or name in EVENTS:
                 continue
-            series = [points for fam in self.tr.families.values() for key, points in fam.samples.items()
-                      if key[0] == name and not (run and dict(key[1:]).get("training_run_id") != run)]
+            series = self._series(name, run)
             for window in windows:
                 seen = [[points[s] for s in sorted(points) if t - window < s / 1000 <= t] for points in series]
                 seen = [values for values in seen if len(values) >= 2]
@@ -136,7 +136,15 @@ class Replay:
                     break
         return False
 
+    def _series(self, name: str, run: str) -> list:
+        return [points for fam in self.tr.families.values() for key, points in fam.samples.items()
+                if key[0] == name and not (run and dict(key[1:]).get("training_run_id") != run)]
 
+
+# counters that stay flat in a healthy run: their increase is 0, not absent
+EVENTS = {"training_memory_ooms_total", "training_memory_alloc_retries_total",
+          "training_telemetry_export_failures_total", "training_telemetry_spans_dropped_total",
+          "training_telemetry_steps_dropped_total"}
 COUNTERS = ("_total", "_sum", "_count", "_bucket")
 
 
