@@ -15,6 +15,7 @@ the query's rate window -- no blank panel, no gaps.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import time
@@ -48,6 +49,17 @@ def _time_interval() -> str:
 
 
 RECORDED = {r["record"]: r["expr"] for r in q.rules() if "record" in r}
+
+
+def _rule_windows(expr: str) -> list:
+    """The range windows (seconds) of the recording rules a query reads; empty for a
+    query on raw series."""
+    found = set()
+    for sel in q.selectors(expr):
+        rule = RECORDED.get(q.metric_name(sel))
+        if rule is not None:
+            found |= {grafana.parse_ms(w) / 1000 for w in re.findall(r"\[(\d+[smh])\]", rule)}
+    return sorted(found)
 
 
 def _source_names(expr: str) -> set:
@@ -234,6 +246,8 @@ def test_query_returns_data_at_every_export_interval(replayed, name, dash, panel
             # multiple of the step) once the run has been exporting for two intervals,
             # plus two rule evaluations for recorded series, until its last export.
             due_from = window[0] + 2 * interval + 2 * RULE_EVAL_S
+            run = rp.run if repeat == "training_run_id" else ""
+            warm = 2 * interval + 2 * RULE_EVAL_S
             if target.get("instant"):
                 # Looked at while the run trains: "now" is its last step (or the end).
                 at = min(now, window[1])
@@ -241,17 +255,22 @@ def test_query_returns_data_at_every_export_interval(replayed, name, dash, panel
                                     time_interval, panel.get("interval"), target.get("interval"))
                 if due_from > plan.end:
                     continue  # the run had not been exporting long enough at the aligned end
+                if not rp.exported(names, run, plan.end, warm, interval):
+                    continue  # the host's sampling changing hands at the aligned end
                 expr = q.substitute(grafana.interpolate(target["expr"], plan), values)
                 result = prom.query(expr, plan.end)
                 if not any(math.isfinite(float(s["value"][1])) for s in result):
                     problems.append(f"{where}: no data")
                 checked.add((interval, range_name))
                 continue
-            run = rp.run if repeat == "training_run_id" else ""
             rate_windows = [grafana.parse_ms(plan.rate_interval) / 1000] + ([300.0] if "[5m]" in expr else [])
+            # A recorded series holds the value of the rule's last evaluation, up to one
+            # evaluation interval before the step, over the rule's own window.
+            rules = _rule_windows(target["expr"])
+            lag = RULE_EVAL_S if rules else 0
             exporting = [t for t in _steps(plan) if max(due_from, plan.start) <= t <= window[1]
-                         and rp.exported(names, run, t, 2 * interval + 2 * RULE_EVAL_S, interval)]
-            due = [t for t in exporting if not rp.stalled(names, run, t, rate_windows)]
+                         and rp.exported(names, run, t, warm, interval)]
+            due = [t for t in exporting if not rp.stalled(names, run, t - lag, rules or rate_windows)]
             # a stall is a moment of the run, not most of it: a ``stalled`` that excused
             # most steps would leave this test checking nothing
             assert len(due) >= len(exporting) / 2, f"{where}: {len(exporting) - len(due)} of " \
