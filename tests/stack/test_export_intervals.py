@@ -91,18 +91,15 @@ class Replay:
         lo, hi = self.first, self.last
         for name in names:
             first, last = [], []
-            for fam in self.tr.families.values():
-                for key, points in fam.samples.items():
-                    if key[0] != name or (run and dict(key[1:]).get("training_run_id") != run):
-                        continue
-                    stamps = sorted(points)
-                    first.append(stamps[0])
-                    if name.endswith(COUNTERS):
-                        rises = [b for a, b in zip(stamps, stamps[1:]) if points[b] > points[a]]
-                        if rises:
-                            last.append(rises[-1])
-                    else:
-                        last.append(stamps[-1])
+            for points in self._series(name, run):
+                stamps = sorted(points)
+                first.append(stamps[0])
+                if name.endswith(COUNTERS):
+                    rises = [b for a, b in zip(stamps, stamps[1:]) if points[b] > points[a]]
+                    if rises:
+                        last.append(rises[-1])
+                else:
+                    last.append(stamps[-1])
             if not first or not last:
                 return None
             lo, hi = max(lo, min(first) / 1000), min(hi, max(last) / 1000)
@@ -116,10 +113,7 @@ class Replay:
         (docs/hardware.md): the stretch between the two is a role changing hands, not an
         export lost."""
         for name in names:
-            spans = [(min(points) / 1000, max(points) / 1000)
-                     for fam in self.tr.families.values() for key, points in fam.samples.items()
-                     if key[0] == name and points
-                     and not (run and dict(key[1:]).get("training_run_id") != run)]
+            spans = [(min(points) / 1000, max(points) / 1000) for points in self._series(name, run) if points]
             if not any(a + warm <= t <= b + slack for a, b in spans):
                 return False
         return True
@@ -149,6 +143,7 @@ class Replay:
         return False
 
     def _series(self, name: str, run: str) -> list:
+        """The samples ({ms: value}) of each series of ``name`` (of one run, if given)."""
         return [points for fam in self.tr.families.values() for key, points in fam.samples.items()
                 if key[0] == name and not (run and dict(key[1:]).get("training_run_id") != run)]
 
@@ -245,9 +240,9 @@ def test_query_returns_data_at_every_export_interval(replayed, name, dash, panel
             # Data is due at every step (Grafana aligns steps, and the end, down to a
             # multiple of the step) once the run has been exporting for two intervals,
             # plus two rule evaluations for recorded series, until its last export.
-            due_from = window[0] + 2 * interval + 2 * RULE_EVAL_S
-            run = rp.run if repeat == "training_run_id" else ""
             warm = 2 * interval + 2 * RULE_EVAL_S
+            due_from = window[0] + warm
+            run = rp.run if repeat == "training_run_id" else ""
             if target.get("instant"):
                 # Looked at while the run trains: "now" is its last step (or the end).
                 at = min(now, window[1])
@@ -263,14 +258,14 @@ def test_query_returns_data_at_every_export_interval(replayed, name, dash, panel
                     problems.append(f"{where}: no data")
                 checked.add((interval, range_name))
                 continue
-            rate_windows = [grafana.parse_ms(plan.rate_interval) / 1000] + ([300.0] if "[5m]" in expr else [])
             # A recorded series holds the value of the rule's last evaluation, up to one
             # evaluation interval before the step, over the rule's own window.
             rules = _rule_windows(target["expr"])
             lag = RULE_EVAL_S if rules else 0
+            rate_windows = rules or [grafana.parse_ms(plan.rate_interval) / 1000] + ([300.0] if "[5m]" in expr else [])
             exporting = [t for t in _steps(plan) if max(due_from, plan.start) <= t <= window[1]
                          and rp.exported(names, run, t, warm, interval)]
-            due = [t for t in exporting if not rp.stalled(names, run, t - lag, rules or rate_windows)]
+            due = [t for t in exporting if not rp.stalled(names, run, t - lag, rate_windows)]
             # a stall is a moment of the run, not most of it: a ``stalled`` that excused
             # most steps would leave this test checking nothing
             assert len(due) >= len(exporting) / 2, f"{where}: {len(exporting) - len(due)} of " \
