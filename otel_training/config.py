@@ -64,14 +64,15 @@ def _number(minimum: float, *, exclusive: bool = False, zero_ok: bool = False):
     return parse
 
 
-def _whole(minimum: int):
+def _whole(minimum: int, maximum: int | None = None):
     def parse(name: str, raw: str) -> int:
         try:
             value = int(raw.strip())
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise ConfigError(f"{name}={raw!r} is not valid: use a whole number >= {minimum}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise ConfigError(f"{name}={raw!r} is not valid: use a whole number {bounds}")
         return value
 
     return parse
@@ -114,7 +115,31 @@ def _folder_or_none(name: str, raw: str) -> str:
     return value
 
 
+def _folder(name: str, raw: str) -> str | None:
+    """A folder (created when needed)."""
+    value = _path(name, raw)
+    if value is not None and os.path.isfile(value):
+        raise ConfigError(f"{name}={raw!r} is not valid: use a folder path (it names a file)")
+    return value
+
+
 _INTEGRATIONS = ("lightning", "transformers")
+# What arms a profile (OTEL_TRAINING_PROFILE, docs/profiles.md).
+PROFILE_TRIGGERS = ("slow", "periodic", "straggler", "recompile", "demand")
+
+
+def _profile(name: str, raw: str) -> tuple:
+    items = [p.strip().lower() for p in raw.split(",") if p.strip()]
+    if items in (["auto"], []):
+        return PROFILE_TRIGGERS
+    if items == ["off"]:
+        return ()
+    bad = [i for i in items if i not in PROFILE_TRIGGERS]
+    if bad:
+        raise ConfigError(
+            f"{name}={raw!r} is not valid: use auto, off, or a comma-separated list of {', '.join(PROFILE_TRIGGERS)}"
+        )
+    return tuple(t for t in PROFILE_TRIGGERS if t in items)
 
 
 def _integrations(name: str, raw: str) -> tuple:
@@ -150,6 +175,11 @@ class Config:
     peak_flops: float | None = None  # None: the GPU table
     memory: bool = True
     attempts_dir: str | None = None  # None: the node's temporary directory; "": not kept
+    profile: tuple = PROFILE_TRIGGERS  # the profile triggers on (docs/profiles.md)
+    profile_steps: int = 2
+    profile_max: int = 3
+    profile_interval: float = 300.0
+    profile_dir: str | None = None  # None: beside the summary file, else the temporary directory
 
 
 # field name -> (variable, parser)
@@ -171,6 +201,11 @@ _SPEC: Mapping[str, tuple] = {
     "peak_flops": (ev.OTEL_TRAINING_PEAK_FLOPS, _number(0.0, exclusive=True)),
     "memory": (ev.OTEL_TRAINING_MEMORY, _bool),
     "attempts_dir": (ev.OTEL_TRAINING_ATTEMPTS_DIR, _folder_or_none),
+    "profile": (ev.OTEL_TRAINING_PROFILE, _profile),
+    "profile_steps": (ev.OTEL_TRAINING_PROFILE_STEPS, _whole(1, 20)),
+    "profile_max": (ev.OTEL_TRAINING_PROFILE_MAX, _whole(0)),
+    "profile_interval": (ev.OTEL_TRAINING_PROFILE_INTERVAL, _number(0.0)),
+    "profile_dir": (ev.OTEL_TRAINING_PROFILE_DIR, _folder),
 }
 
 assert set(_SPEC) == {f.name for f in fields(Config)}
@@ -219,4 +254,6 @@ _DEFAULT_WORDS = {
     "peak_flops": "the GPU model's datasheet peak",
     "integrations": "all (lightning, transformers)",
     "attempts_dir": "the node's temporary directory",
+    "profile": "auto (every trigger)",
+    "profile_dir": "beside the summary file, else the node's temporary directory",
 }

@@ -50,6 +50,11 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
     # same semantic-convention names (system.cpu.utilization, ...) with other labels:
     # both at once would give clashing series, so it is off unless asked for.
     environ.setdefault("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "system_metrics")
+    # torch.profiler's Kineto logs every start and stop of a profile (docs/profiles.md) to
+    # stderr, and a failed GPU query on a machine without one; its level is read when
+    # torch loads, so it is set here, before the script imports torch. 6: none.
+    if environ.get("OTEL_TRAINING_PROFILE", "").strip().lower() != "off":
+        environ.setdefault("KINETO_LOG_LEVEL", "6")
     original = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     attrs = _drop_inherited(original, environ)
     present = {kv.split("=", 1)[0].strip() for kv in attrs.split(",") if "=" in kv}

@@ -172,3 +172,50 @@ shared filesystem where a restarted rank may land on another node. A run's folde
 with nothing written for 7 days is removed when a later run starts there. ``none``
 keeps no record.
 """
+
+OTEL_TRAINING_PROFILE = "OTEL_TRAINING_PROFILE"
+"""
+.. envvar:: OTEL_TRAINING_PROFILE
+
+When torch.profiler records a few steps' operators (docs/profiles.md): ``auto``
+(default: every trigger), ``off`` (none; ``otel-training profile PID`` is refused too),
+or a comma-separated list of triggers: ``slow`` (a train step's own work, its time less
+exposed communication, over 4x the rolling median and 100 ms over it), ``periodic``
+(slow steps that recur every N steps: the next one is predicted and captured itself),
+``straggler`` (this rank's own work stays 1.5x above its earlier median while the other
+ranks wait on it), ``recompile`` (a burst of torch.compile recompilations after
+warm-up), ``demand`` (``otel-training profile PID``).
+"""
+
+OTEL_TRAINING_PROFILE_STEPS = "OTEL_TRAINING_PROFILE_STEPS"
+"""
+.. envvar:: OTEL_TRAINING_PROFILE_STEPS
+
+Steps one profile records (a whole number from 1 to 20). Default ``2``.
+"""
+
+OTEL_TRAINING_PROFILE_MAX = "OTEL_TRAINING_PROFILE_MAX"
+"""
+.. envvar:: OTEL_TRAINING_PROFILE_MAX
+
+Profiles one process (one rank) records at most, over the run, by its triggers (a
+whole number >= 0; ``0`` leaves only ``otel-training profile PID``). Default ``3``.
+"""
+
+OTEL_TRAINING_PROFILE_INTERVAL = "OTEL_TRAINING_PROFILE_INTERVAL"
+"""
+.. envvar:: OTEL_TRAINING_PROFILE_INTERVAL
+
+Seconds between two profiles of the same trigger on one rank (a number >= 0).
+Default ``300``.
+"""
+
+OTEL_TRAINING_PROFILE_DIR = "OTEL_TRAINING_PROFILE_DIR"
+"""
+.. envvar:: OTEL_TRAINING_PROFILE_DIR
+
+The folder the profiles' trace files are written to (created when needed). Default:
+the folder of ``OTEL_TRAINING_SUMMARY_FILE`` when one is set, else
+``otel-training-profiles`` in the node's temporary directory. Files are named
+``profile-<run id>-rank<rank>-<trigger>-step<step>.json``.
+"""

@@ -62,7 +62,7 @@ class JobClock:
         self._ckpt: dict[str, list] = {}  # label -> [count, ns]
         self._ckpt_ops = {SAVE: [0, 0], LOAD: [0, 0]}
         self._compiles = 0
-        self._recompiles = 0
+        self.recompilations = 0  # so far (the profile triggers read it, after this consumer)
         self._compile_ops_known = True
         self._first_compile_step: tuple[str, int] | None = None
         self._compile_steps: dict[tuple[str, int], list] = {}  # (mode, step) -> [compilations, ns]
@@ -247,7 +247,7 @@ class JobClock:
                 ),
                 compile=Compile(
                     compilations=self._compiles,
-                    recompilations=self._recompiles,
+                    recompilations=self.recompilations,
                     recompiled_at=tuple(
                         Recompiled(mode=mode, step=step, count=c, s=t / 1e9)
                         for (mode, step), (c, t) in sorted(recompiled, key=lambda kv: (kv[0][0] != TRAIN, kv[0][1]))
@@ -354,7 +354,7 @@ class JobClock:
         elif iv.kind == COMPILE:
             self._compiles += 1
             if iv.op == RECOMPILE:
-                self._recompiles += 1
+                self.recompilations += 1
             elif iv.op == UNKNOWN:
                 self._compile_ops_known = False
 
@@ -371,7 +371,7 @@ class JobClock:
         if not recompile:
             return
         if iv.op == UNKNOWN:
-            self._recompiles += 1
+            self.recompilations += 1
         slot = self._compile_steps.get(key)
         if slot is None:
             if len(self._compile_steps) >= 4 * _MAX_RECOMPILED:

@@ -23,6 +23,7 @@ from otel_training.aggregate.sampling import TailCapture
 from otel_training.aggregate.step_record import Resolver, SentLayouts, StepRecord
 from otel_training.aggregate.summary import RunSummary
 from otel_training.aggregate.timeseries import TimeSeries
+from otel_training.record.profile_capture import IDLE, ProfileCapture
 from otel_training.record.timeline import BetweenSteps, StepTimeline
 from otel_training.timing.device import DeviceTimer
 
@@ -73,6 +74,15 @@ class Health(Protocol):
     def internal_error(self, component: str, exc: BaseException | None = None) -> None: ...
 
 
+class _NoProfiles:
+    """Profiles off: never due."""
+
+    due = IDLE
+
+    def fire(self, step: StepTimeline) -> None:  # pragma: no cover - never due
+        pass
+
+
 class Pipeline:
     """Owns the step queue and the thread that drains it."""
 
@@ -90,6 +100,7 @@ class Pipeline:
         timeseries: bool = True,
         consumers: Sequence[Consumer] = (),
         export_interval_s: float | None = None,
+        profiles: ProfileCapture | None = None,
     ) -> None:
         self.summary = summary
         self.consumers = tuple(consumers)  # more record consumers (memory trend, throughput), after the summary
@@ -112,9 +123,13 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self.poll_s = drain_interval(export_interval_s)
         self._shed = SentLayouts().shed  # (training thread)
+        # Profiles (record/profile_capture.py): the steps handed on start and stop them.
+        self._profiles: ProfileCapture | _NoProfiles = profiles if profiles is not None else _NoProfiles()
 
     # -- training thread ------------------------------------------------------------
     def submit(self, step: StepTimeline) -> None:
+        if step.train_before >= self._profiles.due:  # (a capture asked for, or recording)
+            self._profiles.fire(step)
         queue = self._queue
         pending = len(queue)
         if pending >= _MAX_PENDING:

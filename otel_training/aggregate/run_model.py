@@ -30,6 +30,10 @@ from otel_training.aggregate.run_sections import (
     LoaderFacts,
     Memory,
     OptimizerFacts,
+    Profile,
+    ProfileOp,
+    Profiles,
+    ProfileStep,
     Recompiled,
     RunFacts,
     RunView,
@@ -63,6 +67,10 @@ __all__ = [
     "OptimizerFacts",
     "LoaderFacts",
     "Series",
+    "Profiles",
+    "Profile",
+    "ProfileOp",
+    "ProfileStep",
 ]
 
 
@@ -187,6 +195,7 @@ class Run(_Section):
     run: RunFacts | None = None
     job: Job | None = None
     timeseries: Mapping[str, Series] | None = None
+    profiles: Profiles | None = None
 
     def to_json(self) -> str:
         """The summary file's text."""

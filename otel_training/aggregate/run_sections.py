@@ -177,3 +177,61 @@ class Series(_Section):
     phases: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     gpu_idle_s: tuple[float, ...] | None = None
     wait_s: tuple[float, ...] | None = None
+
+
+# -- profiles: a few steps' operators, recorded when a trigger fired ----------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileOp(_Section):
+    """An operator (a kernel on CUDA) of a profile, in the phase it ran in (launched in, on CUDA)."""
+
+    phase: str
+    name: str
+    s: float
+    share: float = 0.0  # of every operator's time in the profile
+    phase_share: float = 0.0  # of the operators' time in this phase
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileStep(_Section):
+    """A step the profile recorded."""
+
+    mode: str
+    step: int
+    own_s: float  # its time less exposed communication
+    ratio: float | None = nullable()  # own time over the train steps' rolling median then
+    slow: bool = False  # over the periodic trigger's factor of the median
+    covered: float = 1.0  # its share inside the profiler's recording
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile(_Section):
+    """One profile: why it was taken, what it recorded, its top operators."""
+
+    trigger: str
+    file: str | None = nullable()
+    steps: tuple[ProfileStep, ...] = ()
+    trigger_step: int | None = nullable()
+    trigger_own_s: float | None = nullable()
+    median_s: float | None = nullable()
+    ratio: float | None = nullable()
+    period: int | None = None
+    captured_slow: bool | None = nullable()
+    device: str | None = nullable()
+    compiled: bool = False
+    note: str | None = None
+    recording_s: float = 0.0
+    events: int = 0
+    top: tuple[ProfileOp, ...] = ()
+    phases: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profiles(_Section):
+    """The profile triggers on, how close the run came to them, and the profiles taken."""
+
+    triggers: tuple[str, ...] = ()
+    max_ratio: float | None = nullable()  # the slowest train step's own time over the median, after warm-up
+    requested: int = 0
+    profiles: tuple[Profile, ...] = ()
+    off: str | None = None  # why profiling stopped for the rest of the run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -96,8 +96,16 @@ class StepSpans:
     """The span consumer: a ``step`` span and one child per phase for each traced
     record (one with a ``trace_reason``), with explicit timestamps."""
 
-    def __init__(self, tracer: Tracer, attributes: dict[str, Any], offset: int) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        attributes: dict[str, Any],
+        offset: int,
+        profiled: Callable[[], dict[int, tuple[str, str]]] | None = None,
+    ) -> None:
         self._tracer = tracer
+        # The batch's records a profile recorded (id -> (file, trigger)): traced, with an event.
+        self._profiled = profiled
         self._attrs = dict(attributes)
         self._inherited = {k: self._attrs[k] for k in _INHERITED if k in self._attrs}
         self._offset = offset  # perf_counter ns -> epoch ns
@@ -113,9 +121,12 @@ class StepSpans:
         """Emit the traced records' spans; per traced record (by ``id``), the context
         holding its root span (for exemplars)."""
         out: dict[int, Context] = {}
+        marked = self._profiled() if self._profiled is not None else None
         for record in records:
             if record.trace_reason is not None:
-                out[id(record)] = trace.set_span_in_context(self._emit(record))
+                out[id(record)] = trace.set_span_in_context(self._emit(record, marked))
+            elif marked and id(record) in marked:
+                out[id(record)] = trace.set_span_in_context(self._emit(record, marked, sc.TRACE_REASON_PROFILE))
         return out
 
     def add_between(self, record: BetweenRecord) -> None:
@@ -138,9 +149,11 @@ class StepSpans:
         for span, p in reversed(list(zip(spans, record.phases))):
             span.end(end_time=p.end + offset)
 
-    def _emit(self, record: StepRecord) -> Span:
+    def _emit(self, record: StepRecord, marked: dict | None = None, reason: str | None = None) -> Span:
         attrs = dict(self._attrs)
         attrs.update(step_attributes(record))
+        if reason is not None:
+            attrs[sc.ATTR_TRACE_REASON] = reason
         tracer, offset, times, host = self._tracer, self._offset, record.times, record.host
         device, idle = record.device, record.idle_by_phase
         root = tracer.start_span(sc.SPAN_STEP, context=_ROOT_CONTEXT, start_time=times[0] + offset, attributes=attrs)
@@ -167,5 +180,12 @@ class StepSpans:
         if error is not None:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
             root.record_exception(error)
+        profile = marked.get(id(record)) if marked else None
+        if profile is not None:
+            root.add_event(
+                sc.EVENT_PROFILE,
+                {sc.ATTR_PROFILE_FILE: profile[0], sc.ATTR_PROFILE_TRIGGER: profile[1]},
+                timestamp=times[-1] + offset,
+            )
         root.end(end_time=times[-1] + offset)
         return root

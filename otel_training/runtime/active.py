@@ -94,7 +94,10 @@ class Runtime(ProcessEvents):
         rank = self.info.rank  # no attempt file without a rank to name it
         attempts = None if rank is None else attempt_file(config.attempts_dir, run_id(), rank, os.environ)
         self.goodput = Goodput(self.on_error, attempts)  # the process's wall time by activity (goodput.py)
-        self._spans = StepSpans(tracer, common, offset)
+        # Profiles armed by the run (OTEL_TRAINING_PROFILE): off, nothing of it exists.
+        self.profiling = self._profiling(config)
+        triggers = self.profiling.triggers if self.profiling is not None else None
+        self._spans = StepSpans(tracer, common, offset, (lambda: triggers.marked) if triggers is not None else None)
         self._metrics = StepMetrics(
             meter,
             common,
@@ -113,8 +116,9 @@ class Runtime(ProcessEvents):
             offset=offset,
             trace_file=self.trace_file,
             timeseries=bool(config.summary or config.summary_file),
-            consumers=(*self.measures.consumers, self.goodput.clock),
+            consumers=(*self.measures.consumers, self.goodput.clock, *((triggers,) if triggers is not None else ())),
             export_interval_s=export_interval_s(meter_provider),
+            profiles=self.profiling.capture if self.profiling is not None else None,
         )
         self._started_ns = time.perf_counter_ns()
         # The recorder's wiring, all of it here: pieces -> assembler -> (FLOP probe) -> pipeline.
@@ -138,6 +142,19 @@ class Runtime(ProcessEvents):
         self._closed = False
         self._lock = threading.RLock()  # re-entrant: SIGTERM may arrive during shutdown
         self.summary_file = SummaryFile(config.summary_file, self.info.rank)
+
+    def _profiling(self, config: Config) -> Any:
+        if not config.profile or self.role == ROLE_HELPER:
+            return None
+        from otel_training.runtime.profiling import Profiling
+
+        return Profiling(
+            config,
+            lambda: (run_id(), self.info.rank),
+            lambda: self.info.world_size,
+            lambda: self.goodput.clock.recompilations,
+            self.on_error,
+        )
 
     def _trace_file(self, config: Config, info: dict, offset: int) -> Any:
         if not config.trace_file:
@@ -218,6 +235,8 @@ class Runtime(ProcessEvents):
         if self.role != ROLE_SPAWN:  # a spawned child checks once it knows it is no worker
             say_missing(self.info)
             self._check_files()
+            if self.profiling is not None:
+                self.profiling.start()
 
     def _use_identity(self, info: ProcessInfo) -> None:
         """Export under ``info`` (the process group's rank) from now on; the summary and
@@ -262,6 +281,8 @@ class Runtime(ProcessEvents):
             _CURRENT = None
         self.tracker.disable()
         self.goodput.abandon()  # the parent keeps the attempt's record
+        if self.profiling is not None:
+            self.profiling.abandon()
         self.pipeline.abandon(wake=not forked)  # a spawned worker started its own pipeline thread
         if self.guard is not None:
             self.guard.silence(join_timeout=0.0 if forked else 0.5)

@@ -34,4 +34,5 @@ def run_model(runtime: Any) -> Run:
         run=runtime.measures.facts(),
         job=runtime.goodput.job(summary),
         timeseries=series.section() if series is not None else None,
+        profiles=runtime.profiling.section() if runtime.profiling is not None else None,
     )

@@ -25,6 +25,14 @@ def shutdown_steps(rt: Any, final: bool, left: Callable[..., float]) -> list[tup
         rt.tracker.close()  # steps the assembler still holds
         rt.measures.close()  # a FLOP count still open (the run ended inside it)
 
+    def stop_profiling() -> None:
+        if rt.profiling is not None:
+            rt.profiling.stop()  # a capture still recording ends with the run
+
+    def read_profiles() -> None:
+        if rt.profiling is not None:
+            rt.profiling.join(left(0.3))
+
     def stop_pipeline() -> None:
         rt.pipeline.stop(left(0.4))
         try:
@@ -59,7 +67,9 @@ def shutdown_steps(rt: Any, final: bool, left: Callable[..., float]) -> list[tup
         ("shutdown", rt.goodput.end),
         ("shutdown", end_open_step),
         ("shutdown", hand_on_held),
+        ("profile", stop_profiling),
         ("shutdown", stop_pipeline),
+        ("profile", read_profiles),
         ("shutdown", rt.goodput.finish),  # before the last export: it carries the shut-down time
         ("hardware", stop_sampling),
         ("shutdown", last_export),
