@@ -10,6 +10,7 @@ _COMMANDS = {
     "compare": ("otel_training.cli.compare", "compare two runs: what got faster or slower, beyond the noise"),
     "top": ("otel_training.cli.top", "watch a run live in the terminal (launch it, or receive its OTLP)"),
     "trace-merge": ("otel_training.cli.trace_merge", "merge trace files (ranks, torch.profiler) on one clock"),
+    "profile": ("otel_training.cli.profile", "record a few steps of a running job with torch.profiler"),
     "bench-data": ("otel_training.cli.bench_data", "benchmark a Dataset and DataLoader settings"),
     "agent": ("otel_training.cli.agent", "sample host and GPU hardware and export it (no training needed)"),
     "stack": ("otel_training.cli.stack", "stack files (init, check), the stack without Docker (up, status, down)"),

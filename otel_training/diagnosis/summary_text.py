@@ -8,6 +8,7 @@ from otel_training.aggregate.run_model import Run
 from otel_training.diagnosis.findings_text import self_check_lines, verdict_lines
 from otel_training.diagnosis.goodput_text import summary_lines
 from otel_training.diagnosis.measures_text import compute_text, coverage_line, memory_text
+from otel_training.diagnosis.profiles_text import profile_lines
 from otel_training.diagnosis.verdict import diagnose
 from otel_training.diagnosis.words import plural
 
@@ -67,4 +68,6 @@ def render_summary(summary: Run | dict) -> str:
             lines.append(f"{f.title}: {f.detail}")
             lines.extend(f"  - {a}" for a in f.advice[:2])
     lines.extend(summary_lines(run))  # the goodput bar
+    if run.profiles is not None:
+        lines.extend(profile_lines([(run.rank, p) for p in run.profiles.profiles]))
     return "\n".join(lines)

@@ -204,6 +204,7 @@ class Report:
     self_check: tuple[Ranked, ...] = ()  # of CheckFinding
     memory: tuple[Ranked, ...] = ()  # of Memory
     job: tuple[Ranked, ...] = ()  # of Job: per rank, the wall time by activity
+    profiles: tuple[Ranked, ...] = ()  # of Profile: each profile a rank recorded (docs/profiles.md)
     timeseries: tuple[RankSeries, ...] | None = None  # per rank, the run over time
     gpu_series: Mapping[str, tuple[GpuLine, ...]] | None = None  # "utilization", "memory"
     run_facts: RunFacts | None = None  # what the run already does (the lowest rank's), for advice
@@ -230,6 +231,10 @@ class Report:
 
     def jobs(self) -> list[RankJob]:
         return [RankJob(rank=j.who.rank, host=j.who.host, job=j.section) for j in self.job]
+
+    def profile_list(self) -> list[tuple[int | None, Any]]:
+        """(rank, Profile) of every profile the ranks recorded."""
+        return [(p.who.rank, p.section) for p in self.profiles]
 
     def first_finding(self) -> Finding | None:
         return self.findings[0] if self.findings else None
@@ -261,6 +266,8 @@ class Report:
         if not prom:
             out.update(coverage=[c.to_dict() for c in self.coverage], self_check=[c.to_dict() for c in self.self_check])
         out.update(memory=[m.to_dict() for m in self.memory], job=[j.to_dict() for j in self.job])
+        if self.profiles:  # (absent where none was recorded: the keys reports always had)
+            out["profiles"] = [p.to_dict() for p in self.profiles]
         if self.timeseries is not None:
             out["timeseries"] = [series_dict(r) for r in self.timeseries]
         if self.gpu_series is not None:

@@ -94,6 +94,32 @@ def _findings(findings: Sequence[Finding]) -> str:
     return '<ol class="findings">' + "".join(items) + "</ol>"
 
 
+def _profiles(report: Report) -> str:
+    """Each profile: trigger, steps, time against the median, top operators, file."""
+    rows = []
+    for rank, p in report.profile_list():
+        steps = ", ".join(f"{s.mode} {s.step}" for s in p.steps) or "none"
+        ratio = max((s.ratio for s in p.steps if s.ratio is not None), default=None)
+        against = "" if ratio is None else f"{ratio:.1f}x" + (" (slow)" if p.captured_slow else "")
+        why = p.trigger + (
+            f" (step {p.trigger_step}, {p.ratio:.1f}x)" if p.trigger_step is not None and p.ratio else ""
+        )
+        tops = "".join(
+            f"<li>{_e(o.phase)}: {o.phase_share * 100:.0f}% <code>{_e(o.name)}</code></li>" for o in p.top[:5]
+        )
+        detail = f"<ul>{tops}</ul>" if tops else _e(p.error or "")
+        if p.note:
+            detail += f"<p>{_e(p.note)}</p>"
+        rows.append(
+            f"<tr><td>{_e('' if rank is None else rank)}</td><td>{_e(why)}</td><td>{_e(steps)}</td>"
+            f"<td>{_e(against)}</td><td>{detail}</td><td><code>{_e(p.file or '')}</code></td></tr>"
+        )
+    if not rows:
+        return ""
+    head = "<tr><th>rank</th><th>trigger</th><th>steps</th><th>vs median</th><th>top operators</th><th>file</th></tr>"
+    return f'<h3>Profiles</h3><table class="profiles">{head}{"".join(rows)}</table>'
+
+
 def _run_section(report: Report, charts: list[dict], title: str) -> str:
     from otel_training.report.text import render
 
@@ -115,7 +141,7 @@ def _run_section(report: Report, charts: list[dict], title: str) -> str:
     return (
         f"<section><h2>{_e(title)}</h2><p class=meta>{_e(meta)}</p>"
         f'<div class="verdict"><b>verdict:</b> {_e(verdict)}</div>{_cards(report)}{job_html(report.jobs())}'
-        f"<h3>Findings and advice</h3>{_findings(findings)}"
+        f"<h3>Findings and advice</h3>{_findings(findings)}{_profiles(report)}"
         f'<h3>Charts</h3><div class="charts">{blocks}</div>'
         f"<details><summary>The terminal report</summary><pre>{_e(text)}</pre></details></section>"
     )

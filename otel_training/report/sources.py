@@ -262,6 +262,7 @@ def merge_summaries(given: list[tuple[str, Run | dict]]) -> Report:
     checks: list[Ranked] = []
     memory: list[Ranked] = []
     jobs: list[Ranked] = []  # per rank, the wall time by activity (aggregate/job.py)
+    profiles: list[Ranked] = []  # each profile of each rank (docs/profiles.md)
     ordered = sorted(files, key=lambda f: (f[1].rank or 0, f[0]))
     for path, s in ordered:
         who = Who(s.rank, s.host)
@@ -272,6 +273,8 @@ def merge_summaries(given: list[tuple[str, Run | dict]]) -> Report:
         if s.memory is not None and s.memory.to_dict():
             memory.append(Ranked(who, s.memory))
         checks.extend(Ranked(who, f) for f in s.self_check or ())
+        if s.profiles is not None:
+            profiles.extend(Ranked(who, p) for p in s.profiles.profiles)
         for mode, m in s.modes.items():
             if not m.steps:
                 continue
@@ -322,6 +325,7 @@ def merge_summaries(given: list[tuple[str, Run | dict]]) -> Report:
         self_check=tuple(checks),
         memory=tuple(memory),
         job=tuple(jobs),
+        profiles=tuple(profiles),
         # per rank, the run over time (aggregate/timeseries.py), for the HTML report
         timeseries=tuple(RankSeries(rank=s.rank, host=s.host, modes=s.timeseries) for _, s in ordered if s.timeseries),
         # what the run already does (the lowest rank's ``run`` section), for advice that fits it

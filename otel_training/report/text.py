@@ -14,6 +14,7 @@ from otel_training.diagnosis.findings_text import render_findings, self_check_li
 from otel_training.diagnosis.formatting import bar, ms, share_pct, table
 from otel_training.diagnosis.goodput_text import report_lines
 from otel_training.diagnosis.measures_text import compute_text, memory_text, named_text
+from otel_training.diagnosis.profiles_text import profile_lines
 from otel_training.diagnosis.verdict_ranks import own_work, slowest
 from otel_training.diagnosis.words import plural, timing_words
 from otel_training.report.model import SOURCE_SUMMARY, RankRow, Report, ReportMode
@@ -216,6 +217,10 @@ def render(report: Report, findings: Sequence[Finding] | None = None, mode: str 
     if goodput:
         lines.append("")
         lines.extend(goodput)
+    profiles = profile_lines(report.profile_list())
+    if profiles:
+        lines.append("")
+        lines.extend(profiles)
     tel = {k: v for k, v in report.telemetry.to_dict().items() if v}
     if tel:
         lines.append("")
