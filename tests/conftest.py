@@ -44,6 +44,8 @@ CORE_MODULES = frozenset({
     "tests/test_goodput.py", "tests/test_goodput_integrations.py", "tests/loops/test_goodput_loop.py",
     # a restarted run: torchrun's restart environment, the frameworks' resumed global step
     "tests/test_attempts.py",
+    # torch.profiler's API and its events, per torch release
+    "tests/test_profiles.py",
 })
 
 

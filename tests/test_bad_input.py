@@ -105,7 +105,12 @@ def test_the_config_command_shows_values_and_defaults_in_words(tmp_path):
 
 def test_only_paths_accept_any_value():
     # (The attempts folder refuses a file that exists: tests/test_attempts.py.)
-    assert ACCEPT_ANYTHING == ["OTEL_TRAINING_SUMMARY_FILE", "OTEL_TRAINING_TRACE_FILE", "OTEL_TRAINING_ATTEMPTS_DIR"]
+    assert ACCEPT_ANYTHING == [
+        "OTEL_TRAINING_SUMMARY_FILE",
+        "OTEL_TRAINING_TRACE_FILE",
+        "OTEL_TRAINING_ATTEMPTS_DIR",
+        "OTEL_TRAINING_PROFILE_DIR",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -407,6 +407,17 @@ def test_self_check_silent(loop):
         assert not lines, f"{loop.name}: stderr says: {lines}"
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_healthy_loop_profiles_nothing(loop):
+    """No shape plants an anomaly worth its operators, so no profile trigger fires
+    (``OTEL_TRAINING_PROFILE=auto``, docs/profiles.md): the factors of the triggers are
+    chosen against these loops. The largest own-time ratio seen is in the message."""
+    section = _get(_summary(loop), "profiles")
+    taken = [(p["trigger"], p.get("trigger_step"), p.get("ratio")) for p in section["profiles"]]
+    assert taken == [], (f"{loop.name}: profiles were taken in a healthy loop: {taken} "
+                         f"(the slowest step's own time was {section.get('max_ratio')}x the median)")
+
+
 # -- negative shapes: the self-check must fire -----------------------------------------
 @pytest.mark.parametrize("shape", NEGATIVE)
 def test_negative_self_check_fires(loop):

@@ -3,7 +3,8 @@ for tests/test_grad_sync.py. Plain PyTorch, no OpenTelemetry.
 
 ``--plant``:
   loader     rank ``--plant-rank``'s dataset sleeps ``--plant-ms`` per batch
-  backward   rank ``--plant-rank``'s backward sleeps (a gradient hook on the first layer)
+  backward   rank ``--plant-rank``'s backward sleeps (a gradient hook on the first layer), from
+             step ``--plant-from`` on
   allreduce  every rank's gradient all-reduce completes ``--plant-ms`` late (a comm hook)
   none       nothing planted
 Every rank's forward sleeps ``--base-ms`` (its compute). ``--fsdp``: ``fully_shard``
@@ -47,6 +48,7 @@ def main() -> int:
     p.add_argument("--plant-rank", type=int, default=1)
     p.add_argument("--plant-ms", type=float, default=80.0)
     p.add_argument("--base-ms", type=float, default=30.0, help="every rank's forward sleeps this long (compute)")
+    p.add_argument("--plant-from", type=int, default=0, help="backward: the step the plant starts at (a rank turning slow)")
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: one GPU per rank")
     args = p.parse_args()
@@ -88,8 +90,10 @@ def main() -> int:
                 return fut
 
             net.register_comm_hook(None, slow_allreduce)
+    done = [0]  # steps taken
     if args.plant == "backward" and rank == args.plant_rank:
-        model[0].weight.register_hook(lambda g: time.sleep(delay))  # more backward compute
+        # More backward compute (from --plant-from on).
+        model[0].weight.register_hook(lambda g: time.sleep(delay) if done[0] >= args.plant_from else None)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     slow_loader = args.plant == "loader" and rank == args.plant_rank
@@ -102,6 +106,7 @@ def main() -> int:
         loss.backward()
         opt.step()
         steps += 1
+        done[0] = steps
     dist.barrier()
     print(f"RANK {rank} STEPS {steps} PID {os.getpid()}", flush=True)
     # Let gloo's thread drop the barrier's work (it needs the GIL) before the process
