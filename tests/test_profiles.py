@@ -313,4 +313,6 @@ def test_a_recompilation_burst_records_a_profile(tmp_path):
     profiles = summary["profiles"]["profiles"]
     assert [p["trigger"] for p in profiles] == ["recompile"], summary["profiles"]
     assert profiles[0]["steps"] and all(s["step"] >= 40 for s in profiles[0]["steps"])
+    # A compiled model's capture says what its ranking shows.
+    assert profiles[0]["compiled"] is True and "compiled regions" in profiles[0]["note"]
 

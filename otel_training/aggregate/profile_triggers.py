@@ -29,15 +29,17 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
 from otel_training import semconv as sc
 from otel_training.aggregate.profile_ops import StepSpan, step_span
-from otel_training.aggregate.sampling import _RunningMedian
+from otel_training.aggregate.step_record import BY_LAYOUT as _LAYOUT
 from otel_training.aggregate.step_record import StepRecord
 from otel_training.record.profile_capture import Capture, ProfileCapture, Request
 
 WARMUP = 20  # train steps before any trigger means anything
+MEDIAN_WINDOW = 101  # train steps in the rolling median
 SLOW_FACTOR = 4.0
 SLOW_MIN_EXCESS_S = 0.1  # a loaded machine stalls a healthy step by tens of milliseconds
 PERIODIC_FACTOR = 3.0
@@ -50,6 +52,8 @@ STRAGGLER_WAIT_SHARE = 0.1
 RECOMPILE_BURST = 2
 RECOMPILE_WITHIN = 50
 _COMM = sc.PHASE_COMMUNICATION
+_TRAIN = sc.MODE_TRAIN
+_TIMES = attrgetter("times")
 
 
 class StepFacts(NamedTuple):
@@ -96,12 +100,14 @@ class ProfileTriggers:
         self._captures = captures  # the captures stopped or recording (the runtime's list)
         self._read_until = read_until  # when a capture's results were read (ns; a large number until then)
         self._clock = clock
-        self._median = _RunningMedian()
+        self._ring: deque[int] = deque(maxlen=MEDIAN_WINDOW)  # recent train steps' own ns
+        self._median_ns: int | None = None  # their median, as of the last batch
         self._comm: dict[int, tuple[int, ...]] = {}  # id(layout) -> positions of communication in its keys
         self._seen = 0  # train steps seen
         self._slow: deque[int] = deque(maxlen=4 * PERIODIC_REPEATS)  # numbers of recent slow-ish steps
         self._period: tuple[int, int] | None = None  # (period, a step number on it) once learned
-        self._recent: deque[tuple[int, int]] = deque(maxlen=STRAGGLER_WINDOW)  # (own ns, comm ns)
+        self._recent: deque[int] = deque(maxlen=STRAGGLER_WINDOW)  # own ns
+        self._recent_comm: deque[int] = deque(maxlen=STRAGGLER_WINDOW)  # exposed communication ns
         self._baseline: int | None = None  # median own ns after warm-up (straggler's reference)
         self._recompiles_seen = 0
         self._recompile_at: deque[int] = deque(maxlen=RECOMPILE_BURST)
@@ -119,44 +125,65 @@ class ProfileTriggers:
             self._match(records, captures)
         if not self.triggers:
             return
-        newest = -1
-        # A step the profiler ran in, or its results were read in (a worker thread holding
-        # the GIL), is slower by the profile: no measure of the run.
-        disturbed = [(c.begin_ns, self._read_until(c)) for c in captures] if captures else None
-        for record in records:
-            if record.mode != sc.MODE_TRAIN:
-                continue
-            if disturbed and _overlaps(record.host[0], record.host[-1], disturbed):
-                continue
-            own, comm = self._own(record)
-            median = self._median.value
-            self._median.add(own)
-            self._seen += 1
-            newest = record.number
-            if median is None or self._seen <= WARMUP or median <= 0:
-                continue
-            ratio = own / median
-            if ratio > self.max_ratio:
-                self.max_ratio = ratio
-            self._straggler(own, comm, median)
-            if ratio > PERIODIC_FACTOR and own - median > PERIODIC_MIN_EXCESS_S * 1e9:
+        train = [r for r in records if r.mode == _TRAIN]
+        if not train:
+            return
+        if captures:
+            # A step the profiler ran in, or its results were read in (a worker thread
+            # holding the GIL), is slower by the profile: no measure of the run.
+            disturbed = [(c.begin_ns, self._read_until(c)) for c in captures]
+            train = [r for r in train if not _overlaps(r.host[0], r.host[-1], disturbed)]
+            if not train:
+                return
+        # Per batch, mostly in C: the pipeline's CPU is the training thread's GIL.
+        owns, comms = self._owns(train)
+        median = self._median_ns
+        seen = self._seen
+        self._seen = seen + len(owns)
+        ring = self._ring
+        ring.extend(owns)
+        if len(ring) >= WARMUP:
+            self._median_ns = sorted(ring)[len(ring) // 2]
+        if median and self._seen > WARMUP:
+            skip = max(0, WARMUP - seen)  # (the batch's steps still in the warm-up)
+            judged = owns[skip:] if skip else owns
+            if judged:
+                top = max(judged)
+                if top / median > self.max_ratio:
+                    self.max_ratio = top / median
+                if top > PERIODIC_FACTOR * median and top - median > PERIODIC_MIN_EXCESS_S * 1e9:
+                    self._slow_steps(train[skip:], judged, median)
+            self._straggler(owns, comms, median)
+        newest = train[-1].number
+        self._watch_recompiles(newest)
+        self._predict(newest)
+
+    def _owns(self, train: Sequence[StepRecord]) -> tuple[list[int], list[int] | None]:
+        """Each step's own time, and its exposed communication (None: no step had any)."""
+        comm = self._comm
+        layouts = set(map(_LAYOUT, train))
+        for layout in layouts:
+            if id(layout) not in comm:  # (DDP's sync sits in backward, a closure's in the optimizer step)
+                comm[id(layout)] = tuple(i for i, k in enumerate(layout.keys) if k[0] == _COMM)
+        if not any(comm[id(layout)] for layout in layouts):
+            return [t[-1] - t[0] for t in map(_TIMES, train)], None
+        owns, comms = [], []
+        for r in train:
+            at = comm[id(r.layout)]
+            c = sum(r.phase_ns[i] for i in at) if at else 0
+            owns.append(r.step_ns - c)
+            comms.append(c)
+        return owns, comms
+
+    def _slow_steps(self, train: Sequence[StepRecord], owns: Sequence[int], median: int) -> None:
+        for record, own in zip(train, owns):
+            if own > PERIODIC_FACTOR * median and own - median > PERIODIC_MIN_EXCESS_S * 1e9:
                 on_period = self._on_period(record.number)
                 self._slow_step(record.number)
-                if not on_period and ratio > SLOW_FACTOR and own - median > SLOW_MIN_EXCESS_S * 1e9:
+                if not on_period and own > SLOW_FACTOR * median and own - median > SLOW_MIN_EXCESS_S * 1e9:
                     self._ask("slow", 0, record.number, own, median)
-        if newest >= 0:
-            self._watch_recompiles(newest)
-            self._predict(newest)
 
     # -- the triggers --------------------------------------------------------------------
-    def _own(self, record: StepRecord) -> tuple[int, int]:
-        layout = record.layout
-        at = self._comm.get(id(layout))
-        if at is None:  # (DDP's sync sits in backward, a closure's in the optimizer step, ...)
-            at = self._comm[id(layout)] = tuple(i for i, k in enumerate(layout.keys) if k[0] == _COMM)
-        comm = sum(record.phase_ns[i] for i in at) if at else 0
-        return record.step_ns - comm, comm
-
     def _on_period(self, number: int) -> bool:
         period = self._period
         return period is not None and (number - period[1]) % period[0] == 0
@@ -187,9 +214,9 @@ class ProfileTriggers:
         # it, and one it has passed moves the capture on by a period (profile_capture.py).
         target = on + gap * max(1, math.ceil((newest + 2 - on) / gap))
         # Start once the step before it is handed on; a late start moves on a period.
-        self._ask("periodic", target - 1, target, None, self._median.value, period=gap)
+        self._ask("periodic", target - 1, target, None, self._median_ns, period=gap)
 
-    def _straggler(self, own: int, comm: int, median: int) -> None:
+    def _straggler(self, owns: list[int], comms: list[int] | None, median: int) -> None:
         if "straggler" not in self.triggers:
             return
         world = self._world_size()
@@ -197,15 +224,14 @@ class ProfileTriggers:
             return
         if self._baseline is None:
             self._baseline = median
-        recent = self._recent
-        recent.append((own, comm))
+        recent, waits = self._recent, self._recent_comm
+        recent.extend(owns)
+        waits.extend(comms if comms is not None else [0] * len(owns))
         if len(recent) < STRAGGLER_WINDOW:
             return
-        owns = sorted(o for o, _ in recent)
-        now = owns[len(owns) // 2]
-        waits = sum(c for _, c in recent)
-        total = sum(o + c for o, c in recent) or 1
-        if now > STRAGGLER_FACTOR * self._baseline and waits / total < STRAGGLER_WAIT_SHARE:
+        now = sorted(recent)[len(recent) // 2]
+        total = (sum(recent) + sum(waits)) or 1
+        if now > STRAGGLER_FACTOR * self._baseline and sum(waits) / total < STRAGGLER_WAIT_SHARE:
             self._ask("straggler", 0, None, now, self._baseline)
 
     def _watch_recompiles(self, newest: int) -> None:
@@ -263,13 +289,13 @@ class ProfileTriggers:
                 wanted[key] = capture
         if not wanted:
             return
-        median = self._median.value
+        median = self._median_ns
         for record in records:
             found = wanted.get((record.mode, record.number))
             if found is None:
                 continue
             capture = found
-            own, _ = self._own(record)
+            own = self._owns([record])[0][0]
             start, end = record.host[0], record.host[-1]
             stop = capture.stop_ns or end
             inside = max(0, min(end, stop) - max(start, capture.start_ns))
