@@ -5,9 +5,9 @@
 # (default ./gpu-checks); the last lines are a short summary.
 #
 #     bash scripts/gpu-checks.sh            # uses .venv/bin/python when there, else python3
-#     PY=python3 bash scripts/gpu-checks.sh tests timing   # a subset: tests timing profiler costs overhead demo
+#     PY=python3 bash scripts/gpu-checks.sh tests timing   # a subset: tests timing profiler costs overhead profile demo
 #
-# Each step has a time limit in seconds (TESTS_S, TIMING_S, PROFILER_S, COSTS_S, OVERHEAD_S, DEMO_S) so
+# Each step has a time limit in seconds (TESTS_S, TIMING_S, PROFILER_S, COSTS_S, OVERHEAD_S, PROFILE_S, DEMO_S) so
 # that one slow step cannot take a GPU machine's whole time slot; TIMING_ARGS goes to
 # benchmarks/gpu_timing.py (e.g. "--rounds 10 --loops gpt,gpt-compiled").
 # The image's own torch is used as it is: any release from otel_training/package.py's
@@ -42,8 +42,9 @@ for step in $steps; do
     profiler) run profiler "${PROFILER_S:-120}" "$PY" benchmarks/gpu_timing_profiler.py --json "$OUT/profiler.json" ;;
     costs) run costs "${COSTS_S:-60}" "$PY" benchmarks/step_costs.py ;;
     overhead) run overhead "${OVERHEAD_S:-300}" "$PY" benchmarks/overhead.py ;;
+    profile) run profile "${PROFILE_S:-300}" "$PY" -m pytest -m gpu -q -rsfP -p no:cacheprovider tests/test_profiles.py ;;
     demo) run demo "${DEMO_S:-180}" "$PY" -m otel_training.cli demo --device cuda --html "$OUT/demo.html" ;;
-    *) echo "unknown step: $step (tests timing profiler costs overhead demo)" >&2; exit 2 ;;
+    *) echo "unknown step: $step (tests timing profiler costs overhead profile demo)" >&2; exit 2 ;;
   esac
 done
 
