@@ -173,11 +173,11 @@ class Profiling:
         steps = ask.get("steps") if isinstance(ask, dict) else None
         steps = steps if isinstance(steps, int) and 1 <= steps <= MAX_DEMAND_STEPS else self._config.profile_steps
         sequence = self.capture.next_sequence
+        self._demands[sequence] = ident  # (before the request: its answer may come quickly)
         if not self.capture.request(Request("demand", 0, steps, {"step": None})):
+            self._demands.pop(sequence, None)
             why = self.capture.broken or "another profile is being recorded; ask again in a moment"
             self._write_result(ident, {"error": why})
-            return
-        self._demands[sequence] = ident
 
     def _answer(self, capture: Capture, ident: str) -> None:
         deadline = time.monotonic() + _RESULT_WAIT_S
