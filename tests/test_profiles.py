@@ -110,6 +110,7 @@ def _slow_by_truth(truth: dict) -> set[int]:
     return {int(k) for k in truth["planted"]}
 
 
+@pytest.mark.sdk_independent  # (torch.profiler and the summary: no SDK in between)
 def test_a_periodic_planted_operator_is_caught_in_its_own_step(tmp_path):
     run = _run(tmp_path, steps=500, every=50)
     truth, summary = _finish(run, tmp_path)
@@ -169,6 +170,7 @@ def test_a_periodic_planted_operator_is_caught_in_its_own_step(tmp_path):
     assert any("svd" in str(e.get("name")) for e in json.loads(merged.read_text())["traceEvents"])
 
 
+@pytest.mark.sdk_independent  # (torch.profiler and the summary: no SDK in between)
 def test_the_cap_holds_and_off_records_nothing(tmp_path):
     capped = tmp_path / "capped"
     capped.mkdir()
@@ -252,6 +254,7 @@ def test_a_cuda_profile_ranks_the_planted_kernels(tmp_path):
     assert "gemm" in top["name"].lower() and top["phase"] == "train_batch", p["top"][:3]
 
 
+@pytest.mark.sdk_independent  # (torch.profiler and the summary: no SDK in between)
 def test_only_the_rank_that_turned_slow_records_a_straggler_profile(tmp_path):
     """Two DDP ranks (gloo); rank 1's backward grows by 40 ms from step 60 on. Rank 0
     waits for it in the gradient all-reduce (its own time is unchanged); rank 1 is
@@ -297,6 +300,7 @@ print("STEPS", len(sizes), flush=True)
 '''
 
 
+@pytest.mark.sdk_independent  # (torch.profiler and the summary: no SDK in between)
 def test_a_recompilation_burst_records_a_profile(tmp_path):
     """torch.compile recompiling at six batch sizes in a row, after 40 steps of one:
     the ``recompile`` trigger records the steps after the burst."""
