@@ -82,12 +82,15 @@ def most_late_s(requests: List) -> float:
 
 
 def restamp(requests: List, interval_s: float, end_s: float, tag: str,
-            regular: bool = False) -> Tuple[List, float, float]:
+            regular: bool = False, earliest_s: float = float("-inf")) -> Tuple[List, float, float]:
     """Copies of ``requests`` stretched in time so that each process exports every
     ``interval_s`` seconds (its recorded exports keep their order, their lateness in
     seconds, and their phase relative to the other processes, scaled), renamed with ``tag``. The last export that
     counted training steps lands at ``end_s``; exports before training began or after it
-    ended (a launcher's start-up, or outliving its ranks) are dropped. Returns (requests, first, last) in seconds."""
+    ended (a launcher's start-up, or outliving its ranks) are dropped, and so are those that
+    would land before ``earliest_s`` (a long run stretched to a long interval: its start is
+    left out, its cumulative points keep their start times). Returns (requests, first, last)
+    in seconds."""
     by_instance = _stamps(requests)
     native_ns = _native_ns(by_instance)
     factor = interval_s * 1e9 / native_ns  # output seconds per recorded nanosecond, x1e9
@@ -121,6 +124,8 @@ def restamp(requests: List, interval_s: float, end_s: float, tag: str,
             if not from_ns <= when(rm) <= ref_ns:
                 continue
             t = end_s - (ref_ns - when(rm)) * factor / 1e9
+            if t < earliest_s:
+                continue
             first, last = min(first, t), max(last, t)
             t_ns = int(t * 1e9)
             _rename(rm.resource.attributes, tag)
