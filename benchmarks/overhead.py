@@ -74,14 +74,15 @@ def _run_epoch(model, loader, opt, loss_fn, limit: int = 0, finish=None) -> floa
     return (time.perf_counter() - start) / n
 
 
-def instrumented_round(work) -> tuple[float, float]:
-    """One instrumented epoch and the plain one after it (seconds per step each)."""
+def instrumented_round(work, config=None) -> tuple[float, float]:
+    """One instrumented epoch and the plain one after it (seconds per step each);
+    ``config``: an ``otel_training.config.Config`` instead of the environment's."""
     from otel_training import runtime
     from otel_training.instrumentor import TrainingInstrumentor
 
     tp, mp = _providers()
     inst = TrainingInstrumentor()
-    inst.instrument(tracer_provider=tp, meter_provider=mp)
+    inst.instrument(tracer_provider=tp, meter_provider=mp, **({} if config is None else {"config": config}))
     _run_epoch(*work, limit=20)  # first steps find the root modules: set-up, not per-step cost
     pipeline = runtime.current().pipeline
     pipeline.flush(10.0)

@@ -27,27 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (as the distro sets it: no line per profile)
 import torch  # noqa: E402
-from overhead import _providers, _run_epoch, _workload  # noqa: E402
+from overhead import _providers, _run_epoch, _workload, instrumented_round  # noqa: E402
 
 from otel_training import runtime  # noqa: E402
 from otel_training.config import load_config  # noqa: E402
 from otel_training.instrumentor import TrainingInstrumentor  # noqa: E402
 from otel_training.record.profile_capture import Request  # noqa: E402
-
-
-def _instrumented(profile: tuple, work) -> float:
-    config = dataclasses.replace(load_config({}), profile=profile, hardware=False)
-    tp, mp = _providers()
-    inst = TrainingInstrumentor()
-    inst.instrument(tracer_provider=tp, meter_provider=mp, config=config)
-    _run_epoch(*work, limit=20)
-    pipeline = runtime.current().pipeline
-    pipeline.flush(10.0)
-    per_step = _run_epoch(*work, finish=lambda: pipeline.flush(10.0))
-    inst.uninstrument()
-    tp.shutdown()
-    mp.shutdown()
-    return per_step
 
 
 def armed(rounds: int) -> dict:
@@ -63,8 +48,9 @@ def armed(rounds: int) -> dict:
         got = {}
         for name, profile in order:
             before = _run_epoch(*work)
-            instr = _instrumented(profile, work)
-            after = _run_epoch(*work)
+            instr, after = instrumented_round(
+                work, dataclasses.replace(load_config({}), profile=profile, hardware=False)
+            )
             got[name] = (instr - (before + after) / 2) * 1e6
             added[name].append(got[name])
         pairs.append(got["auto"] - got["off"])

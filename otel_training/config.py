@@ -128,32 +128,33 @@ _INTEGRATIONS = ("lightning", "transformers")
 PROFILE_TRIGGERS = ("slow", "periodic", "straggler", "recompile", "demand")
 
 
-def _profile(name: str, raw: str) -> tuple:
-    items = [p.strip().lower() for p in raw.split(",") if p.strip()]
-    if items in (["auto"], []):
-        return PROFILE_TRIGGERS
-    if items == ["off"]:
-        return ()
-    bad = [i for i in items if i not in PROFILE_TRIGGERS]
-    if bad:
-        raise ConfigError(
-            f"{name}={raw!r} is not valid: use auto, off, or a comma-separated list of {', '.join(PROFILE_TRIGGERS)}"
-        )
-    return tuple(t for t in PROFILE_TRIGGERS if t in items)
+def _subset(choices: tuple, every: str, none: str, accepted: str, canonical: bool = False):
+    """A comma-separated subset of ``choices``; ``every`` (or nothing) is all of them,
+    ``none`` none. ``canonical``: in the order of ``choices``, not as written."""
+
+    def parse(name: str, raw: str) -> tuple:
+        items = [p.strip().lower() for p in raw.split(",") if p.strip()]
+        if items in ([every], []):
+            return choices
+        if items == [none]:
+            return ()
+        if any(i not in choices for i in items):
+            raise ConfigError(f"{name}={raw!r} is not valid: use {accepted}")
+        return tuple(c for c in choices if c in items) if canonical else tuple(items)
+
+    return parse
 
 
-def _integrations(name: str, raw: str) -> tuple:
-    items = [p.strip().lower() for p in raw.split(",") if p.strip()]
-    if items in (["all"], []):
-        return _INTEGRATIONS
-    if items == ["none"]:
-        return ()
-    bad = [i for i in items if i not in _INTEGRATIONS]
-    if bad:
-        raise ConfigError(
-            f"{name}={raw!r} is not valid: use a comma-separated list of {', '.join(_INTEGRATIONS)}, or all, or none"
-        )
-    return tuple(items)
+_integrations = _subset(
+    _INTEGRATIONS, "all", "none", f"a comma-separated list of {', '.join(_INTEGRATIONS)}, or all, or none"
+)
+_profile = _subset(
+    PROFILE_TRIGGERS,
+    "auto",
+    "off",
+    f"auto, off, or a comma-separated list of {', '.join(PROFILE_TRIGGERS)}",
+    canonical=True,
+)
 
 
 @dataclass(frozen=True)
