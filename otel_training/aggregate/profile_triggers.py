@@ -200,8 +200,10 @@ class ProfileTriggers:
             gap = number - earlier
             if gap < PERIODIC_MIN_GAP or not all(number - k * gap in seen for k in range(2, PERIODIC_REPEATS)):
                 continue
-            # The steps between are mostly not slow (a run that turned slow is slow at every gap).
-            if sum(k in seen for k in range(earlier + 1, number)) <= (gap - 1) // 2:
+            # Hardly a slow step off the period in its span: a run that turned slow, or a
+            # noisy machine's scattered stalls, make lattices of every spacing.
+            span = number - (PERIODIC_REPEATS - 1) * gap
+            if sum(1 for k in seen if span <= k <= number and (number - k) % gap) <= 1:
                 self._period = (gap, number)
                 return
 
