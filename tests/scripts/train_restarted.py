@@ -73,6 +73,15 @@ while step < args.steps:
         if attempt == 0 and step == args.fail_at:
             clock["failed"] = time.time()
             save_clock()
+            if rank == args.fail_rank:
+                # As a collective would, the failure waits until every rank is at this
+                # step (each has left its clock): on a loaded machine a slower rank could
+                # otherwise be stopped before it got here.
+                world = int(os.environ.get("WORLD_SIZE", "1"))
+                others = [os.path.join(args.dir, f"attempt-0-rank{r}.json") for r in range(world) if r != rank]
+                deadline = time.time() + 120
+                while not all(os.path.exists(o) for o in others) and time.time() < deadline:
+                    time.sleep(0.05)
             if rank == args.fail_rank and args.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             if rank == args.fail_rank:
