@@ -248,13 +248,19 @@ def test_query_returns_data_at_every_export_interval(replayed, name, dash, panel
             run = rp.run if repeat == "training_run_id" else ""
             if target.get("instant"):
                 # Looked at while the run trains: "now" is its last step (or the end).
-                at = min(now, window[1])
-                plan = grafana.plan(range_s, at, panel.get("maxDataPoints") or grafana.panel_width_px(panel),
-                                    time_interval, panel.get("interval"), target.get("interval"))
-                if due_from > plan.end:
-                    continue  # the run had not been exporting long enough at the aligned end
-                if not rp.exported(names, run, plan.end, warm, interval):
-                    continue  # the host's sampling changing hands at the aligned end
+                # Where the host's sampling changed hands there (its holder exited, another
+                # process took over from its next sample), a person looking one export
+                # earlier sees the table: the latest such moment is the one checked.
+                at, plan = min(now, window[1]), None
+                while at >= due_from:
+                    p = grafana.plan(range_s, at, panel.get("maxDataPoints") or grafana.panel_width_px(panel),
+                                     time_interval, panel.get("interval"), target.get("interval"))
+                    if p.end >= due_from and rp.exported(names, run, p.end, warm, interval):
+                        plan = p
+                        break
+                    at -= interval
+                if plan is None:
+                    continue  # the run was never exported long enough by one process
                 expr = q.substitute(grafana.interpolate(target["expr"], plan), values)
                 result = prom.query(expr, plan.end)
                 if not any(math.isfinite(float(s["value"][1])) for s in result):
