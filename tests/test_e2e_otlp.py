@@ -104,9 +104,11 @@ def test_planted_delays_are_recovered_within_10_percent(run):
     planted = run.planted  # the delays as they really happened in the script
     assert planted["batch_delay_ms"] >= BATCH_DELAY_MS and planted["log_delay_ms"] >= LOG_DELAY_MS
     # The wait holds the planted sleep and the rest of the fetch (the samples, the collate),
-    # which a loaded machine stretches: the script's clock bounds both sides.
+    # which a loaded machine stretches: the script's clock bounds both sides (above: each
+    # wait as the loop saw it, from the end of one step's body to the start of the next).
     wait_ms = statistics.median(loader) / 1e6
-    assert planted["batch_delay_ms"] * 0.9 <= wait_ms <= planted["batch_fetch_ms"] * 1.1 + 1.0, (wait_ms, planted)
+    seen_ms = statistics.median(planted["wait_ms"][1:])
+    assert planted["batch_delay_ms"] * 0.9 <= wait_ms <= seen_ms * 1.1 + 1.0, (wait_ms, planted)
     # untracked: the slow log line, and loss.item() and zero_grad() beside it
     assert planted["log_delay_ms"] * 0.9 <= statistics.median(untracked) * 1e3 <= planted["log_delay_ms"] * 1.1 + 1.0
 
@@ -130,9 +132,12 @@ def test_metrics_for_every_step(run):
     top = [p for p in phases.values() if attributes(p.attributes)["training.phase.parent"] == "step"]
     assert sum(p.sum for p in top) == pytest.approx(step_point.sum, rel=1e-6)
     loader = phases["dataloader_next"]
-    # the first step also starts the iterator, hence the wider bound
+    # Every step's wait, the first's iterator start and a loaded machine's slowest fetches
+    # included: above, the loop's own clock around each (CI with both cores busy: a mean of
+    # 32.5 ms against a median fetch of 25.3).
     mean_ms = loader.sum / loader.count * 1e3
-    assert run.planted["batch_delay_ms"] * 0.9 <= mean_ms <= run.planted["batch_fetch_ms"] * 1.15 + 1.0
+    seen_ms = statistics.mean(run.planted["wait_ms"])
+    assert run.planted["batch_delay_ms"] * 0.9 <= mean_ms <= seen_ms * 1.1 + 1.0, (mean_ms, run.planted)
     for p in phases.values():
         attrs = attributes(p.attributes)
         assert attrs["host.name"] and attrs["training.mode"] == "train"
